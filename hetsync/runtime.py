@@ -1,0 +1,148 @@
+"""Process-level set-up: horovod on the MPI world shared with mpi4py, or on Gloo, or alone.
+
+``hetsync.init()`` decides how the job was launched:
+
+* ``horovodrun --mpi`` / ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_SIZE`` is set): mpi4py
+  initialises MPI with ``MPI_THREAD_MULTIPLE`` and horovod is initialised on
+  ``MPI.COMM_WORLD``, so point-to-point traffic (mpi4py) and collectives (horovod) share one
+  world. Every protocol is available.
+* ``horovodrun --gloo`` (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` is set): horovod on Gloo; only
+  collectives-only protocols (BSP, task allocation, SelSync, ...) are available.
+* a plain ``python script.py``: a world of one rank.
+"""
+import logging
+import os
+import threading
+
+__all__ = [
+    "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
+    "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
+]
+
+log = logging.getLogger("hetsync")
+
+#: Seconds after which a stalled horovod collective aborts the job (horovod's stall shutdown).
+COLLECTIVE_TIMEOUT_S = 300
+
+_lock = threading.Lock()
+_state = {"mode": None}
+
+
+def _detect_mode():
+    if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or os.environ.get("PMIX_RANK"):
+        return "mpi"
+    if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return "gloo"
+    return "single"
+
+
+def init(collective_timeout_s=None):
+    """Initialise horovod (and mpi4py under an MPI launch). Idempotent.
+
+    Args:
+        collective_timeout_s: seconds (int > 0) after which a collective that some ranks never
+            join makes horovod shut the job down with a stall error instead of hanging.
+            Default :data:`COLLECTIVE_TIMEOUT_S`; the environment variable
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` wins if set.
+
+    Returns:
+        str: the launch mode, ``"mpi"``, ``"gloo"`` or ``"single"``.
+
+    Raises:
+        ValueError: ``collective_timeout_s`` is not a positive number.
+        RuntimeError: horovod was built without MPI support while launched under MPI.
+    """
+    with _lock:
+        if _state["mode"] is not None:
+            return _state["mode"]
+        timeout = COLLECTIVE_TIMEOUT_S if collective_timeout_s is None else collective_timeout_s
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"collective_timeout_s must be a positive number of seconds, got {timeout!r}")
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout) // 2)))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(timeout)))
+        mode = _detect_mode()
+        import horovod.tensorflow as hvd
+
+        if mode == "mpi":
+            from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE by default
+
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                log.warning("MPI provides thread level %d < MPI_THREAD_MULTIPLE; "
+                            "communication threads may be unsafe", MPI.Query_thread())
+            if not hvd.mpi_built():
+                raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
+                                   "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
+            hvd.init(comm=MPI.COMM_WORLD)
+        else:
+            hvd.init()
+        _state["mode"] = mode
+        return mode
+
+
+def is_initialized():
+    """Return True once :func:`init` has run in this process."""
+    return _state["mode"] is not None
+
+
+def _hvd():
+    if _state["mode"] is None:
+        raise RuntimeError("hetsync is not initialised: call hetsync.init() first")
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+def rank():
+    """Return this process's rank (int in [0, size())). Raises RuntimeError before init()."""
+    return _hvd().rank()
+
+
+def size():
+    """Return the world size, the number of ranks (int >= 1). Raises RuntimeError before init()."""
+    return _hvd().size()
+
+
+def local_rank():
+    """Return the rank within this host (int). Raises RuntimeError before init()."""
+    return _hvd().local_rank()
+
+
+def local_size():
+    """Return the number of ranks on this host (int). Raises RuntimeError before init()."""
+    return _hvd().local_size()
+
+
+def launch_mode():
+    """Return ``"mpi"``, ``"gloo"``, ``"single"``, or None before :func:`init`."""
+    return _state["mode"]
+
+
+def mpi_enabled():
+    """Return True when point-to-point traffic through mpi4py is available (MPI launch or one rank)."""
+    return _state["mode"] in ("mpi", "single")
+
+
+def require_mpi(what):
+    """Raise a clear error if point-to-point MPI is not available.
+
+    Args:
+        what: str, the protocol or feature that needs MPI (named in the message).
+
+    Raises:
+        RuntimeError: launched under Gloo (``horovodrun --gloo``) or not initialised.
+    """
+    mode = _state["mode"]
+    if mode is None:
+        raise RuntimeError(f"{what} needs hetsync.init() to be called first")
+    if mode == "gloo":
+        raise RuntimeError(
+            f"{what} needs MPI point-to-point messaging (mpi4py), but this job runs on Gloo; "
+            "launch it with `horovodrun --mpi ...` or `mpirun ...`."
+        )
+
+
+def shutdown():
+    """Shut horovod down (optional; it also shuts down at exit)."""
+    if _state["mode"] is not None:
+        _hvd().shutdown()
+        _state["mode"] = None

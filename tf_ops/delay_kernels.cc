@@ -1,0 +1,76 @@
+// Kernel of HetsyncDelay (see ops.cc): an asynchronous pass-through that
+// completes after (factor - 1) * compute_time + extra_ms.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "timer_queue.h"
+
+namespace hetsync {
+
+using namespace ::tensorflow;  // NOLINT
+
+class DelayOp : public AsyncOpKernel {
+ public:
+  explicit DelayOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs() - 1;
+    const Tensor& control = ctx->input(n);
+    OP_REQUIRES_ASYNC(ctx, control.dims() == 1 && control.NumElements() == 3,
+                      errors::InvalidArgument(
+                          "HetsyncDelay: control must be a float64 vector "
+                          "[step_start_s, factor, extra_ms] of length 3, got shape ",
+                          control.shape().DebugString()),
+                      done);
+    const auto c = control.vec<double>();
+    const double start_s = c(0), factor = c(1), extra_ms = c(2);
+    OP_REQUIRES_ASYNC(ctx, std::isfinite(factor) && factor >= 1.0,
+                      errors::InvalidArgument("HetsyncDelay: factor must be a finite "
+                                              "number >= 1, got ", factor),
+                      done);
+    OP_REQUIRES_ASYNC(ctx, std::isfinite(extra_ms) && extra_ms >= 0.0,
+                      errors::InvalidArgument("HetsyncDelay: extra_ms must be a finite "
+                                              "number >= 0, got ", extra_ms),
+                      done);
+
+    const double now_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    const double compute_ms = start_s > 0.0 ? std::max(0.0, (now_s - start_s) * 1e3) : 0.0;
+    const double delay_ms = (factor - 1.0) * compute_ms + extra_ms;
+
+    for (int i = 0; i < n; ++i) ctx->set_output(i, ctx->input(i));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n, TensorShape({}), &out), done);
+    out->scalar<double>()() = delay_ms;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n + 1, TensorShape({}), &out), done);
+    out->scalar<double>()() = compute_ms;
+
+    if (delay_ms <= 0.0) {
+      done();
+      return;
+    }
+    const auto deadline = TimerQueue::Clock::now() +
+                          std::chrono::microseconds(static_cast<int64_t>(delay_ms * 1e3));
+    TimerQueue::Global()->Schedule(deadline, std::move(done));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("HetsyncDelay").Device(DEVICE_CPU), DelayOp);
+
+#if GOOGLE_CUDA
+// On a GPU the pass-through tensors stay in device memory (forwarded, not
+// copied); only the control vector and the scalar outputs live on the host.
+REGISTER_KERNEL_BUILDER(Name("HetsyncDelay")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("control")
+                            .HostMemory("delay_ms")
+                            .HostMemory("compute_ms"),
+                        DelayOp);
+#endif
+
+}  // namespace hetsync
