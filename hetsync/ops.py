@@ -59,7 +59,8 @@ def load_library():
             lib = tf.load_op_library(path)
         except (tf.errors.NotFoundError, OSError) as exc:
             raise OpLibraryError(f"hetsync's op library {path} failed to load ({exc}); {_REBUILD}.") from exc
-        built_for = lib.hetsync_build_info().numpy().decode()
+        with tf.init_scope():  # eager even when first loaded while a step is being traced
+            built_for = lib.hetsync_build_info().numpy().decode()
         if built_for != tf.__version__:
             raise OpLibraryError(
                 f"hetsync's op library {path} reports TensorFlow {built_for}, running {tf.__version__}; {_REBUILD}."
@@ -70,7 +71,9 @@ def load_library():
 
 def build_info():
     """Return the TensorFlow version string (str) the loaded op library was compiled against."""
-    return load_library().hetsync_build_info().numpy().decode()
+    lib = load_library()
+    with tf.init_scope():
+        return lib.hetsync_build_info().numpy().decode()
 
 
 def delay(tensors, control, name=None):

@@ -1,0 +1,125 @@
+"""Train a Keras 3 model data-parallel with a hetsync protocol, under an injected straggler scenario.
+
+A normal ``model.fit`` script; the hetsync lines are marked ``# hetsync``. Launch::
+
+    horovodrun --mpi -np 4 .venv/bin/python examples/keras_digits.py --protocol bsp --slowdown random:6
+
+Writes ``OUT/summary.json`` (see README), per-rank step records ``OUT/rank*.jsonl`` and
+TensorBoard scalars ``OUT/tensorboard``.
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+
+
+def build_model(kind, input_shape, num_classes, seed):
+    """The two example models: a small MLP or a small CNN, both ending in softmax logits."""
+    keras.utils.set_random_seed(seed)
+    if kind == "mlp":
+        layers = [keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+                  keras.layers.Dense(num_classes, activation="softmax")]
+    else:
+        layers = [keras.layers.Conv2D(16, 3, activation="relu", padding="same"), keras.layers.MaxPooling2D(2),
+                  keras.layers.Conv2D(32, 3, activation="relu", padding="same"), keras.layers.GlobalAveragePooling2D(),
+                  keras.layers.Dense(num_classes, activation="softmax")]
+    return keras.Sequential([keras.Input(shape=input_shape)] + layers)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--protocol", default="bsp", choices=sorted(hetsync.protocols.WRAPPERS),
+                   help="synchronization protocol (the wrapper's lowercase name)")
+    p.add_argument("--protocol-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="protocol argument, repeatable (checked against the wrapper's signature)")
+    p.add_argument("--dataset", default="digits", choices=hetsync.data.DATASETS)
+    p.add_argument("--data-dir", default=None, help="folder of the IDX files for --dataset mnist-idx")
+    p.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size (samples)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--target-accuracy", type=float, default=0.9, help="test accuracy for time_to_target_s")
+    p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (default: per epoch)")
+    p.add_argument("--slowdown", default="none", help="straggler scenario spec, e.g. random:6, speeds:1,1,1,0.5")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/latest", help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.lr <= 0:
+        p.error(f"--lr must be positive, got {args.lr}")
+    if not 0 < args.target_accuracy <= 1:
+        p.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
+    if args.dataset == "mnist-idx" and not args.data_dir:
+        p.error("--dataset mnist-idx needs --data-dir (for example ../shared/data/mnist-t10k)")
+    return args, p
+
+
+def main(argv=None):
+    args, parser = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", "1")))
+    hetsync.init()  # hetsync
+    rank, size = hetsync.rank(), hetsync.size()
+
+    # Everything the user can get wrong is checked here, before any training.
+    try:
+        proto_kwargs = hetsync.protocols.parse_protocol_args(args.protocol, args.protocol_arg)
+        slowdown = hetsync.callbacks.Slowdown(args.slowdown, seed=args.seed)
+        ds = hetsync.data.load(args.dataset, args.data_dir, seed=args.seed)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    x, y = hetsync.data.shard(ds.x_train, ds.y_train, rank, size, seed=args.seed)
+
+    model = build_model(args.model, ds.input_shape, ds.num_classes, args.seed)
+    opt = hetsync.protocols.get_wrapper(args.protocol)(keras.optimizers.SGD(args.lr), **proto_kwargs)  # hetsync
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    accuracy = hetsync.callbacks.TestAccuracy(ds.x_test, ds.y_test, target=args.target_accuracy,
+                                              every_steps=args.eval_every)
+    metrics = hetsync.callbacks.SyncMetrics(args.out, opt)
+    callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [accuracy, metrics]  # hetsync
+    t0 = time.time()
+    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, callbacks=callbacks,
+              verbose=1 if (rank == 0 and not args.quiet) else 0)
+    wall = time.time() - t0
+
+    diff = hetsync.transport.max_abs_difference_across_ranks(model.trainable_variables)
+    samples = sum(r["steps"] for r in metrics.per_rank) * args.batch_size
+    summary = metrics.write_summary(
+        dataset=args.dataset, model=args.model, scenario=slowdown.scenario.spec, epochs=args.epochs,
+        batch_size=args.batch_size, lr=args.lr, seed=args.seed, target_accuracy=args.target_accuracy,
+        fit_wall_s=wall, time_to_target_s=accuracy.time_to_target_s, final_test_accuracy=accuracy.final_accuracy,
+        accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"],
+        weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6),
+    )
+    if rank == 0:
+        ttt = summary["time_to_target_s"]
+        rows = [("protocol", summary["protocol"]), ("ranks", size), ("scenario", summary["scenario"]),
+                ("dataset", f"{args.dataset} ({len(ds.x_train)} train / {len(ds.x_test)} test)"),
+                ("steps per rank", summary["steps"]), ("wall time", f"{summary['wall_s']:.1f} s"),
+                (f"time to {args.target_accuracy:.0%}", "not reached" if ttt is None else f"{ttt:.1f} s"),
+                ("final test accuracy", f"{summary['final_test_accuracy']:.4f}"),
+                ("samples/s", f"{summary['samples_per_s']:.0f}"),
+                ("weights in sync", f"{summary['weights_in_sync']} (max diff {diff:.2g})"),
+                ("summary", os.path.join(args.out, "summary.json"))]
+        width = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,305 @@
+"""Keras 3 callbacks: initial broadcast, protocol life cycle, straggler injection, metrics, accuracy.
+
+Typical use (two lines differ from a single-process script)::
+
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
+"""
+import json
+import logging
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from . import runtime, slowdown, transport
+from .protocols.base import protocol_of
+
+__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "standard"]
+
+log = logging.getLogger("hetsync")
+
+
+class BroadcastInitialVariables(keras.callbacks.Callback):
+    """Make every rank start from ``root_rank``'s weights (and optimizer state).
+
+    Model weights are broadcast at ``on_train_begin``; optimizer variables (built lazily by
+    Keras 3 on the first step) after the first batch, as horovod's callback does on Keras 2.
+
+    Args:
+        root_rank: int in [0, world size), the rank whose values win.
+
+    Raises:
+        ValueError: ``root_rank`` outside [0, world size) (at construction).
+    """
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        if not isinstance(root_rank, int) or not 0 <= root_rank < runtime.size():
+            raise ValueError(f"root_rank must be an int in [0, {runtime.size()}), got {root_rank!r}")
+        self.root_rank = root_rank
+        self._optimizer_done = False
+
+    def on_train_begin(self, logs=None):
+        transport.broadcast_variables(self.model.variables, self.root_rank, name="hetsync_bcast_model")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._optimizer_done:
+            self._optimizer_done = True
+            opt_vars = list(getattr(self.model.optimizer, "variables", []))
+            transport.broadcast_variables(opt_vars, self.root_rank, name="hetsync_bcast_opt")
+
+
+class ProtocolHooks(keras.callbacks.Callback):
+    """Start and stop a protocol's communication thread around ``model.fit``.
+
+    Args:
+        optimizer: an optimizer wrapped by a hetsync protocol.
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+    """
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.protocol = protocol_of(optimizer)
+
+    def on_train_begin(self, logs=None):
+        self.protocol.start()
+
+    def on_train_end(self, logs=None):
+        self.protocol.stop()
+
+
+class Slowdown(keras.callbacks.Callback):
+    """Inject a straggler scenario into every training step (GUIDE section 2).
+
+    Each step it draws this rank's ``(factor K, extra_ms)`` from the seeded scenario and stamps
+    the step's start time into :func:`hetsync.slowdown.step_control`; inside the compiled step the
+    delay op holds the gradients back for (K - 1) x compute time + extra_ms. ``netdelay:MS`` sets
+    :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
+
+    Put it *first* in the callback list so the stamped start time excludes other callbacks.
+
+    Args:
+        spec: str slowdown spec (see :func:`hetsync.slowdown.parse_spec`) or a parsed Scenario.
+        seed: int, seeds the per-rank generator ``default_rng([seed, rank])``.
+
+    Raises:
+        ValueError: bad spec, or a spec that does not fit the world size (checked at construction,
+            before training starts).
+    """
+
+    def __init__(self, spec, seed=0):
+        super().__init__()
+        self.scenario = spec if isinstance(spec, slowdown.Scenario) else slowdown.parse_spec(spec)
+        self.scenario.validate(runtime.size())
+        self.rank, self.world_size = runtime.rank(), runtime.size()
+        self._rng = self.scenario.rng(seed, self.rank)
+        self._step = slowdown.step_control()
+        self._sync = slowdown.sync_control()
+
+    def on_train_begin(self, logs=None):
+        self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
+        self._step.assign([time.time(), factor, extra_ms])
+
+    def on_train_end(self, logs=None):
+        self._step.assign([0.0, 1.0, 0.0])
+        self._sync.assign([0.0, 1.0, 0.0])
+
+
+class TestAccuracy(keras.callbacks.Callback):
+    """Evaluate test accuracy on rank 0 during training; record the curve and time to target.
+
+    Wall time counts from ``on_train_begin`` and excludes the time spent in this callback's own
+    evaluations, so it measures training. With protocols that let replicas drift apart (RNA,
+    local SGD) the evaluated model is rank 0's.
+
+    Args:
+        x, y: test inputs (float32 array [N, ...]) and integer labels (int array [N]).
+        target: float in (0, 1], accuracy whose first crossing is ``time_to_target_s``; or None.
+        every_steps: int > 0 to also evaluate every that many steps; None: only at epoch ends.
+
+    Attributes (after training, meaningful on rank 0):
+        curve: list of dicts ``{"step", "epoch", "wall_s", "accuracy"}``.
+        time_to_target_s: float seconds, or None if the target was never reached.
+        final_accuracy: float, accuracy at the end of training.
+
+    Raises:
+        ValueError: ``target`` outside (0, 1] or ``every_steps`` not a positive int.
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, x, y, target=None, every_steps=None):
+        super().__init__()
+        if target is not None and not 0 < target <= 1:
+            raise ValueError(f"target accuracy must be in (0, 1], got {target!r}")
+        if every_steps is not None and (not isinstance(every_steps, int) or every_steps <= 0):
+            raise ValueError(f"every_steps must be a positive int or None, got {every_steps!r}")
+        self.x, self.y = x, np.asarray(y)
+        self.target, self.every_steps = target, every_steps
+        self.curve, self.time_to_target_s, self.final_accuracy = [], None, None
+        self._is_root = runtime.rank() == 0
+        self._epoch, self._steps = 0, 0
+
+    def accuracy(self):
+        """Return the current model's test accuracy (float in [0, 1])."""
+        logits = self.model.predict(self.x, batch_size=1024, verbose=0)
+        return float(np.mean(np.argmax(logits, axis=-1) == self.y))
+
+    def _evaluate(self):
+        if not self._is_root:
+            return
+        t = time.time()
+        wall = t - self._t0 - self._eval_s
+        acc = self.accuracy()
+        self.curve.append({"step": self._steps, "epoch": self._epoch, "wall_s": wall, "accuracy": acc})
+        if self.target is not None and self.time_to_target_s is None and acc >= self.target:
+            self.time_to_target_s = wall
+        self.final_accuracy = acc
+        self._eval_s += time.time() - t
+
+    def on_train_begin(self, logs=None):
+        self._t0, self._eval_s = time.time(), 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self.every_steps and self._steps % self.every_steps == 0:
+            self._evaluate()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not (self.every_steps and self._steps % self.every_steps == 0):
+            self._evaluate()
+
+
+class SyncMetrics(keras.callbacks.Callback):
+    """Per-step records on every rank as JSON lines, TensorBoard scalars and ``summary.json`` on rank 0.
+
+    Each rank writes ``log_dir/rank{r}.jsonl``, one object per step: ``step`` (int), ``epoch``,
+    ``wall_s`` (seconds since training began), ``step_ms`` (wall time of the step, milliseconds),
+    ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms`` (time inside
+    synchronization), and every protocol statistic (:meth:`hetsync.protocols.Protocol.step_stats`).
+    Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. At the end, all ranks
+    allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+
+    Args:
+        log_dir: str path of the output folder (created).
+        optimizer: the hetsync-wrapped optimizer (its protocol supplies statistics); None takes
+            the model's optimizer at ``on_train_begin``.
+
+    Raises:
+        TypeError: the optimizer is not hetsync-wrapped (at ``on_train_begin``).
+    """
+
+    #: per-rank totals gathered at the end, in this order.
+    TOTALS = ("steps", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total")
+
+    def __init__(self, log_dir, optimizer=None):
+        super().__init__()
+        self.log_dir = log_dir
+        self._optimizer = optimizer
+        self.summary = {}
+        self.per_rank = []
+
+    def on_train_begin(self, logs=None):
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.protocol = protocol_of(self._optimizer or self.model.optimizer)
+        self.rank = runtime.rank()
+        self._file = open(os.path.join(self.log_dir, f"rank{self.rank}.jsonl"), "w")
+        self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard")) if self.rank == 0 else None
+        self._t0 = time.time()
+        self._step, self._epoch = 0, 0
+        self._totals = dict.fromkeys(self.TOTALS, 0.0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._tb = time.time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.time()
+        rec = {"step": self._step, "epoch": self._epoch, "wall_s": now - self._t0,
+               "step_ms": (now - self._tb) * 1e3}
+        for k, v in (logs or {}).items():
+            try:
+                rec[k] = float(v)
+            except (TypeError, ValueError):
+                pass
+        rec.update(self.protocol.step_stats())
+        self._file.write(json.dumps(rec) + "\n")
+        self._step += 1
+        t = self._totals
+        t["steps"] += 1
+        t["step_ms_mean"] += rec["step_ms"]
+        t["delay_ms_total"] += rec.get("delay_ms", 0.0)
+        t["compute_ms_total"] += rec.get("compute_ms", 0.0)
+        t["sync_wait_ms_total"] += rec.get("sync_wait_ms", 0.0)
+        if self._writer is not None:
+            with self._writer.as_default(step=self._step):
+                for k in ("loss", "step_ms", "delay_ms", "sync_wait_ms"):
+                    if k in rec:
+                        tf.summary.scalar(k, rec[k])
+
+    def on_train_end(self, logs=None):
+        self._file.close()
+        if self._writer is not None:
+            self._writer.flush()
+        t = self._totals
+        t["wall_s"] = time.time() - self._t0
+        t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
+        mine = tf.constant([[t[k] for k in self.TOTALS]], tf.float64)
+        gathered = transport.allgather(mine, name="hetsync_metrics_totals").numpy()
+        self.per_rank = [dict(zip(self.TOTALS, map(float, row)), rank=r) for r, row in enumerate(gathered)]
+        for row in self.per_rank:
+            row["steps"] = int(row["steps"])
+        self.summary = {
+            "protocol": self.protocol.name,
+            "protocol_config": self.protocol.config(),
+            "world_size": runtime.size(),
+            "steps": max(r["steps"] for r in self.per_rank),
+            "wall_s": max(r["wall_s"] for r in self.per_rank),
+            "per_rank": self.per_rank,
+            "stats": self.protocol.summary_stats(),
+        }
+        self.write_summary()
+
+    def write_summary(self, **extra):
+        """Merge ``extra`` fields into :attr:`summary` and write ``log_dir/summary.json`` (rank 0 only).
+
+        Returns:
+            dict, the summary.
+        """
+        self.summary.update(extra)
+        if runtime.rank() == 0:
+            path = os.path.join(self.log_dir, "summary.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(self.summary, f, indent=2, sort_keys=True)
+            os.replace(path + ".tmp", path)
+        return self.summary
+
+
+def standard(optimizer, root_rank=0):
+    """Return the callbacks every hetsync run needs: initial broadcast + the protocol's hooks
+    and its own callbacks.
+
+    Args:
+        optimizer: a hetsync-wrapped optimizer. root_rank: int, broadcast source.
+
+    Returns:
+        list of keras.callbacks.Callback.
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+    """
+    proto = protocol_of(optimizer)
+    return [BroadcastInitialVariables(root_rank), ProtocolHooks(optimizer)] + list(proto.callbacks())

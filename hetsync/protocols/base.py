@@ -1,0 +1,207 @@
+"""The one base class every protocol shares, and the Keras 3 optimizer wrapper that calls it.
+
+A protocol decides what happens to ``(grads, variables)`` on each step (:meth:`Protocol.apply`
+or the simpler :meth:`Protocol.transform`), may run a communication thread
+(:meth:`Protocol.start` / :meth:`Protocol.stop`, called by :class:`hetsync.callbacks.ProtocolHooks`)
+and reports statistics. :func:`wrap` turns a user's Keras 3 optimizer into a protocol-aware one by
+subclassing its class and overriding ``apply(grads, trainable_variables)``, the hook Keras 3 calls
+inside the compiled ``model.fit`` step (GUIDE section 1). Horovod's own Keras layer is not used:
+on Keras 3 it averages nothing.
+"""
+import keras
+import tensorflow as tf
+
+from .. import ops, runtime, slowdown
+
+__all__ = ["Protocol", "wrap", "protocol_of"]
+
+
+class Protocol:
+    """Base class of every hetsync protocol (BSP, RNA, task allocation, SelSync, ...).
+
+    Subclasses set :attr:`name` (the lowercase CLI name) and :attr:`requires_mpi`, then override
+    :meth:`transform` (gradients in, gradients out) or :meth:`apply` (full control over the local
+    step), plus :meth:`build`, :meth:`start`, :meth:`stop` and :meth:`callbacks` as needed.
+
+    Per-step statistics are float64 scalar variables (:meth:`add_stat`) assigned inside the
+    compiled step and read by :class:`hetsync.callbacks.SyncMetrics`. Every protocol has:
+
+    * ``delay_ms``: injected slowdown of this step in milliseconds;
+    * ``compute_ms``: compute time of this step up to the gradients, in milliseconds;
+    * ``sync_wait_ms``: time spent inside synchronization this step, in milliseconds
+      (including ``netdelay`` latency);
+    * ``syncs``: cumulative number of synchronizations (collective rounds) this rank joined.
+    """
+
+    #: lowercase protocol name used by ``--protocol`` and in summaries.
+    name = "base"
+    #: True if the protocol needs MPI point-to-point messages (fails under ``horovodrun --gloo``).
+    requires_mpi = False
+
+    def __init__(self):
+        self.optimizer = None
+        self._stats = {}
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def attach(self, optimizer):
+        """Bind to the wrapped optimizer and create state. Called once by :func:`wrap` (eagerly).
+
+        Raises:
+            RuntimeError: hetsync not initialised, or an MPI-only protocol launched under Gloo.
+        """
+        if not runtime.is_initialized():
+            raise RuntimeError(f"hetsync.{type(self).__name__}: call hetsync.init() before wrapping an optimizer")
+        if self.requires_mpi:
+            runtime.require_mpi(f"protocol {self.name!r}")
+        self.optimizer = optimizer
+        for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs"):
+            self.add_stat(stat)
+        self.build()
+
+    def build(self):
+        """Create protocol state (variables, resources). Runs eagerly, before any step is traced."""
+
+    def start(self):
+        """Start communication threads (called at ``on_train_begin``)."""
+
+    def stop(self):
+        """Stop communication threads, drain or count what is in flight (``on_train_end``)."""
+
+    def callbacks(self):
+        """Return the list of Keras callbacks this protocol needs besides the common ones."""
+        return []
+
+    # -- the step -------------------------------------------------------------------------------
+    def apply(self, grads, variables, local_apply):
+        """Apply one step. Default: ``local_apply(self.transform(grads, variables), variables)``.
+
+        Args:
+            grads: list of gradient tensors (or None), aligned with ``variables``.
+            variables: list of the model's trainable Keras variables.
+            local_apply: callable ``(grads, variables)`` running the wrapped optimizer's own update.
+
+        Returns:
+            whatever ``local_apply`` returns.
+        """
+        return local_apply(self.transform(grads, variables), variables)
+
+    def transform(self, grads, variables):
+        """Return the gradients to apply locally (default: unchanged)."""
+        return grads
+
+    # -- helpers for subclasses -----------------------------------------------------------------
+    def synchronize(self, fn, tensors):
+        """Run the collective ``fn(tensors)`` with the scenario's network latency, timed.
+
+        Adds ``netdelay`` latency (:func:`hetsync.slowdown.sync_control`) through the compiled
+        delay op, adds the wall time from entry to result to ``sync_wait_ms`` and increments
+        ``syncs``.
+
+        Args:
+            fn: callable list[Tensor] -> list[Tensor], the collective.
+            tensors: list of tensors.
+
+        Returns:
+            ``fn``'s list of tensors.
+        """
+        tensors = list(tensors)
+        with tf.control_dependencies(tensors):
+            t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):
+            tensors, _, _ = ops.delay(tensors, slowdown.sync_control(), name="hetsync_sync_latency")
+        out = list(fn(tensors))
+        with tf.control_dependencies(out):
+            t1 = tf.timestamp()
+        self._stats["sync_wait_ms"].assign_add((t1 - t0) * 1e3)
+        self._stats["syncs"].assign_add(tf.constant(1.0, tf.float64))
+        return out
+
+    def add_stat(self, name, initial=0.0):
+        """Create (eagerly) a float64 scalar statistic variable and return it."""
+        if name not in self._stats:
+            with tf.init_scope():
+                self._stats[name] = tf.Variable(float(initial), dtype=tf.float64, trainable=False,
+                                                name=f"hetsync_{self.name}_{name}")
+        return self._stats[name]
+
+    def step_stats(self):
+        """Return ``{name: float}`` of every statistic variable (read eagerly, after a step)."""
+        return {k: float(v.numpy()) for k, v in self._stats.items()}
+
+    def summary_stats(self):
+        """Return a JSON-serialisable dict of end-of-run statistics (default: last step values)."""
+        return {"syncs": int(self._stats["syncs"].numpy())} if self._stats else {}
+
+    def config(self):
+        """Return the protocol's arguments as a JSON-serialisable dict (for summaries)."""
+        return {}
+
+    # -- called by the wrapper ------------------------------------------------------------------
+    def _step(self, grads, variables, local_apply):
+        """Inject the scenario's slowdown on the gradients, reset per-step stats, run :meth:`apply`."""
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        delayed, delay_ms, compute_ms = ops.delay(dense, slowdown.step_control(), name="hetsync_step_delay")
+        for i, g in zip(present, delayed):
+            grads[i] = g
+        self._stats["delay_ms"].assign(delay_ms)
+        self._stats["compute_ms"].assign(compute_ms)
+        self._stats["sync_wait_ms"].assign(tf.constant(0.0, tf.float64))
+        return self.apply(grads, variables, local_apply)
+
+
+class _ProtocolOptimizer:
+    """Mixin placed before the user's optimizer class; routes ``apply`` through the protocol."""
+
+    def apply(self, grads, trainable_variables=None):
+        variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
+        base_apply = super().apply
+        return self.hetsync_protocol._step(list(grads), variables, lambda g, v: base_apply(g, v))
+
+
+def wrap(optimizer, protocol):
+    """Return a copy of a Keras 3 optimizer whose every step goes through ``protocol``.
+
+    The copy is an instance of a subclass of the optimizer's own class (built with
+    ``from_config(optimizer.get_config())``), so learning rate, schedules and slots behave as
+    the user configured them. The protocol is reachable as ``optimizer.hetsync_protocol``.
+
+    Args:
+        optimizer: a ``keras.optimizers.Optimizer`` instance (Keras 3), not yet used.
+        protocol: a :class:`Protocol` instance.
+
+    Returns:
+        keras.optimizers.Optimizer.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance (for example a string, a
+            class, a learning rate or a schedule).
+        ValueError: the optimizer is already wrapped by a hetsync protocol.
+        RuntimeError: hetsync not initialised, or an MPI-only protocol under Gloo.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"hetsync.{type(protocol).__name__.replace('Protocol', '')} wraps a Keras 3 optimizer instance such as "
+            f"keras.optimizers.SGD(learning_rate=0.1); got {type(optimizer).__name__}: {optimizer!r}"
+        )
+    if getattr(optimizer, "hetsync_protocol", None) is not None:
+        raise ValueError(f"optimizer is already wrapped by hetsync protocol {optimizer.hetsync_protocol.name!r}")
+    base = type(optimizer)
+    cls = type(base.__name__, (_ProtocolOptimizer, base), {"__module__": base.__module__})
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped.hetsync_protocol = protocol
+    protocol.attach(wrapped)
+    return wrapped
+
+
+def protocol_of(optimizer):
+    """Return the :class:`Protocol` of a wrapped optimizer.
+
+    Raises:
+        TypeError: ``optimizer`` was not wrapped by a hetsync protocol.
+    """
+    proto = getattr(optimizer, "hetsync_protocol", None)
+    if proto is None:
+        raise TypeError(f"{optimizer!r} is not a hetsync-wrapped optimizer; wrap it with e.g. hetsync.BSP(optimizer)")
+    return proto

@@ -1,0 +1,269 @@
+"""Heterogeneity injection: the papers' straggler scenarios (GUIDE section 2).
+
+A scenario is a spec string, several joined with ``+``:
+
+=========================  ==========================================================================
+``none``                   no injection
+``random:K``               each step, each rank is K times slower with probability 1/n (Hop: K = 6)
+``deterministic:R:K``      rank R is always K times slower (Hop: K = 4; SHAT: 2, 10, 100)
+``uniform:A:B``            each step, each rank waits an extra delay drawn uniformly in [A, B] ms
+                           (RNA section 8: 0-50 ms)
+``speeds:S0,S1,...``       fixed per-rank speed factors, one per rank; rank i is max(S)/S_i times
+                           slower (task allocation: speeds:1,1,1,0.5)
+``netdelay:MS``            extra latency of MS milliseconds on every synchronization (slow network)
+=========================  ==========================================================================
+
+"K times slower" means the step takes K times its measured compute time: the compiled delay op
+(:func:`hetsync.ops.delay`) holds the gradients back for (K - 1) x the compute time measured
+since the step began. Combined specs multiply their factors and add their extra milliseconds.
+Draws are seeded per rank (``numpy.random.default_rng([seed, rank])``) and so reproducible.
+
+The process-wide control variables read by every wrapped optimizer live here, so the delay op is
+always part of the compiled step (with factor 1 and 0 ms it completes at once) and the
+:class:`hetsync.callbacks.Slowdown` callback only assigns them.
+"""
+import dataclasses
+import math
+import threading
+
+import numpy as np
+
+__all__ = [
+    "Scenario", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
+    "parse_spec", "step_control", "sync_control",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSlowdown:
+    """``random:K``: each step each rank is K times slower with probability 1/n (Hop section 7).
+
+    Attributes:
+        k: float >= 1, the slowdown factor.
+    """
+
+    k: float
+
+    def draw(self, rng, rank, world_size):
+        """Return ``(factor, extra_ms)`` for one step."""
+        return (self.k if rng.random() < 1.0 / world_size else 1.0), 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DeterministicSlowdown:
+    """``deterministic:R:K``: rank R is always K times slower.
+
+    Attributes:
+        rank: int, the straggler's rank. k: float >= 1, its slowdown factor.
+    """
+
+    rank: int
+    k: float
+
+    def validate(self, world_size):
+        if not 0 <= self.rank < world_size:
+            raise ValueError(f"slowdown spec deterministic:{self.rank}:{self.k:g} names rank {self.rank}, "
+                             f"but the world has ranks 0..{world_size - 1}")
+
+    def draw(self, rng, rank, world_size):
+        return (self.k if rank == self.rank else 1.0), 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformDelay:
+    """``uniform:A:B``: an extra delay drawn uniformly in [A, B] milliseconds per step (RNA section 8).
+
+    Attributes:
+        low_ms, high_ms: float, 0 <= low_ms <= high_ms.
+    """
+
+    low_ms: float
+    high_ms: float
+
+    def draw(self, rng, rank, world_size):
+        return 1.0, float(rng.uniform(self.low_ms, self.high_ms))
+
+
+@dataclasses.dataclass(frozen=True)
+class Speeds:
+    """``speeds:S0,S1,...``: per-rank speed factors; rank i is max(S)/S_i times slower.
+
+    Attributes:
+        speeds: tuple of float > 0, one per rank.
+    """
+
+    speeds: tuple
+
+    def validate(self, world_size):
+        if len(self.speeds) != world_size:
+            raise ValueError(f"slowdown spec speeds:{','.join(f'{s:g}' for s in self.speeds)} gives "
+                             f"{len(self.speeds)} speeds, but the world size is {world_size}")
+
+    def draw(self, rng, rank, world_size):
+        return max(self.speeds) / self.speeds[rank], 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NetDelay:
+    """``netdelay:MS``: MS milliseconds of extra latency on every synchronization.
+
+    Attributes:
+        ms: float >= 0.
+    """
+
+    ms: float
+
+    def draw(self, rng, rank, world_size):
+        return 1.0, 0.0
+
+
+def _num(text, what, spec, minimum=None, integer=False):
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"slowdown spec {spec!r}: {what} must be {kind}, got {text!r}") from None
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        raise ValueError(f"slowdown spec {spec!r}: {what} must be >= {minimum}, got {text!r}")
+    return value
+
+
+_USAGE = ("allowed: none, random:K, deterministic:RANK:K, uniform:A_MS:B_MS, speeds:S0,S1,..., "
+          "netdelay:MS, joined with '+'")
+
+
+def _parse_one(part):
+    name, _, rest = part.partition(":")
+    args = rest.split(":") if rest else []
+    arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1}
+    if name not in arity:
+        raise ValueError(f"unknown slowdown scenario {name!r} in {part!r}; {_USAGE}")
+    if len(args) != arity[name]:
+        raise ValueError(f"slowdown spec {part!r} takes {arity[name]} argument(s) after '{name}:', "
+                         f"got {len(args)}; {_USAGE}")
+    if name == "random":
+        return RandomSlowdown(_num(args[0], "K", part, minimum=1))
+    if name == "deterministic":
+        return DeterministicSlowdown(_num(args[0], "RANK", part, minimum=0, integer=True),
+                                     _num(args[1], "K", part, minimum=1))
+    if name == "uniform":
+        low, high = _num(args[0], "A", part, minimum=0), _num(args[1], "B", part, minimum=0)
+        if high < low:
+            raise ValueError(f"slowdown spec {part!r}: need A <= B milliseconds, got A={low:g} > B={high:g}")
+        return UniformDelay(low, high)
+    if name == "speeds":
+        speeds = tuple(_num(s, "each speed", part) for s in args[0].split(","))
+        if any(s <= 0 for s in speeds):
+            raise ValueError(f"slowdown spec {part!r}: speeds must be > 0, got {args[0]!r}")
+        return Speeds(speeds)
+    return NetDelay(_num(args[0], "MS", part, minimum=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A parsed slowdown spec: a tuple of components whose effects combine.
+
+    Attributes:
+        spec: str, the normalised spec string ("none" if empty).
+        components: tuple of RandomSlowdown / DeterministicSlowdown / UniformDelay / Speeds / NetDelay.
+    """
+
+    spec: str
+    components: tuple
+
+    @property
+    def sync_latency_ms(self):
+        """Extra latency in milliseconds added to every synchronization (sum of ``netdelay`` parts)."""
+        return float(sum(c.ms for c in self.components if isinstance(c, NetDelay)))
+
+    def validate(self, world_size):
+        """Check the scenario against the world size.
+
+        Raises:
+            ValueError: a ``deterministic`` rank outside [0, world_size) or a ``speeds`` list whose
+                length differs from world_size.
+        """
+        for c in self.components:
+            if hasattr(c, "validate"):
+                c.validate(world_size)
+
+    def rng(self, seed, rank):
+        """Return the per-rank ``numpy.random.Generator`` seeded with ``[seed, rank]``."""
+        return np.random.default_rng([int(seed), int(rank)])
+
+    def draw(self, rng, rank, world_size):
+        """Draw one step's injection for ``rank``.
+
+        Returns:
+            ``(factor, extra_ms)``: float factor K >= 1 (product over components) and float extra
+            delay in milliseconds (sum over components).
+        """
+        factor, extra = 1.0, 0.0
+        for c in self.components:
+            f, e = c.draw(rng, rank, world_size)
+            factor *= f
+            extra += e
+        return factor, extra
+
+    def expected_factor(self, rank, world_size):
+        """Mean slowdown factor of ``rank`` ignoring additive delays (used for reporting)."""
+        factor = 1.0
+        for c in self.components:
+            if isinstance(c, RandomSlowdown):
+                factor *= 1.0 + (c.k - 1.0) / world_size
+            elif isinstance(c, (DeterministicSlowdown, Speeds)):
+                factor *= c.draw(None, rank, world_size)[0]
+        return factor
+
+
+def parse_spec(spec):
+    """Parse a slowdown spec string such as ``"random:6"`` or ``"speeds:1,1,1,0.5+netdelay:50"``.
+
+    Args:
+        spec: str (or None / "" / "none" for no injection).
+
+    Returns:
+        Scenario.
+
+    Raises:
+        ValueError: unknown scenario name, wrong number of arguments, or a value out of range;
+            the message names the bad part and lists what is allowed.
+    """
+    if spec is None:
+        spec = "none"
+    if not isinstance(spec, str):
+        raise TypeError(f"slowdown spec must be a string, got {type(spec).__name__}: {spec!r}")
+    text = spec.strip()
+    if text in ("", "none"):
+        return Scenario("none", ())
+    parts = [p.strip() for p in text.split("+")]
+    if any(not p for p in parts):
+        raise ValueError(f"slowdown spec {spec!r} has an empty part; {_USAGE}")
+    return Scenario(text, tuple(_parse_one(p) for p in parts))
+
+
+# --- process-wide control variables read inside every compiled step -----------------------------
+
+_lock = threading.Lock()
+_controls = {}
+
+
+def _control(name, initial):
+    import tensorflow as tf
+
+    with _lock:
+        if name not in _controls:
+            with tf.init_scope():  # created eagerly even if first asked for while tracing
+                _controls[name] = tf.Variable(initial, dtype=tf.float64, trainable=False,
+                                              name=f"hetsync_{name}")
+        return _controls[name]
+
+
+def step_control():
+    """The float64 variable of shape [3] ``[step_start_s, factor, extra_ms]`` fed to the step's delay op."""
+    return _control("step_control", [0.0, 1.0, 0.0])
+
+
+def sync_control():
+    """The float64 variable of shape [3] ``[0, 1, latency_ms]`` fed to the delay op before each synchronization."""
+    return _control("sync_control", [0.0, 1.0, 0.0])
