@@ -64,6 +64,11 @@ def init(collective_timeout_s=None):
         import horovod.tensorflow as hvd
 
         if mode == "mpi":
+            local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "0") or 0)
+            if local > (os.cpu_count() or 1):
+                # More ranks than cores (horovodrun's -H localhost:N hides this from OpenMPI): busy
+                # polling would starve the ranks that compute; yield as `mpirun --oversubscribe` does.
+                os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
             from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE by default
 
             if MPI.Query_thread() < MPI.THREAD_MULTIPLE:

@@ -1,0 +1,36 @@
+# hetsync: `make run` (the main job) and `make test` (the suite). Both set everything up first.
+SHELL := /bin/bash
+PY := .venv/bin/python
+HOROVODRUN := .venv/bin/horovodrun
+STAMP := .venv/.hetsync-deps
+NP ?= 4
+SLOWDOWN ?= random:6
+EPOCHS ?= 30
+RUN_OUT ?= runs/main
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_NUM_INTRAOP_THREADS ?= 1
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: deps run test build clean
+deps: $(STAMP)
+
+# Idempotent: scripts/deps.sh checks before it acts; rerun when what it installs changes.
+$(STAMP): scripts/deps.sh requirements-dev.txt setup.py pyproject.toml $(wildcard tf_ops/*.cc tf_ops/*.h)
+	bash scripts/deps.sh
+	touch $@
+
+# Rebuild only the op library (after editing tf_ops/).
+build: deps
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+
+# The main job: 4 ranks train on real digits under the random:6 straggler scenario.
+run: deps
+	$(HOROVODRUN) --mpi -np $(NP) $(PY) examples/keras_digits.py --protocol bsp --slowdown $(SLOWDOWN) \
+	    --dataset digits --model mlp --epochs $(EPOCHS) --target-accuracy 0.9 --out $(RUN_OUT)/bsp
+
+test: deps
+	$(PY) -m pytest -q -ra
+
+clean:
+	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops_build.json runs .pytest_cache

@@ -1,0 +1,65 @@
+"""Shared test helpers: launching real multi-process runs with mpirun / horovodrun."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MP_DIR = os.path.join(ROOT, "tests", "mp")
+MNIST_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
+PY = sys.executable
+BIN = os.path.dirname(PY)
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
+        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PATH": BIN + os.pathsep + env.get("PATH", ""),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+    })
+    env.update(extra or {})
+    return env
+
+
+def launch(np_, argv, launcher="mpirun", timeout=300, env=None, check=True):
+    """Run ``argv`` (a list starting with a script path) on ``np_`` ranks.
+
+    launcher: "mpirun", "horovodrun-mpi", "horovodrun-gloo" or "single".
+    Returns the CompletedProcess; with check=True a non-zero exit fails the test with the output.
+    """
+    if launcher == "mpirun":
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "btl_tcp_if_include", "lo",
+               PY] + list(argv)
+    elif launcher == "horovodrun-mpi":
+        cmd = [os.path.join(BIN, "horovodrun"), "--mpi", "-np", str(np_), PY] + list(argv)
+    elif launcher == "horovodrun-gloo":
+        cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(np_), PY] + list(argv)
+    else:
+        cmd = [PY] + list(argv)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+                    f"--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def mnist_dir():
+    if not os.path.isdir(MNIST_DIR):
+        pytest.skip(f"shared MNIST files not found at {MNIST_DIR}")
+    return MNIST_DIR

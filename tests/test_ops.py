@@ -1,0 +1,102 @@
+"""The compiled op library: HetsyncDelay and HetsyncBuildInfo, eager and inside tf.function."""
+import json
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hetsync import ops
+
+
+class DelayOpTest(tf.test.TestCase):
+    def test_build_info_matches_running_tensorflow(self):
+        self.assertEqual(ops.build_info(), tf.__version__)
+
+    def test_passes_tensors_through_unchanged_eager(self):
+        xs = [tf.constant([1.5, -2.0]), tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant("a")]
+        out, delay_ms, compute_ms = ops.delay(xs, [0.0, 1.0, 0.0])
+        self.assertEqual(len(out), 3)
+        for a, b in zip(xs, out):
+            self.assertEqual(a.dtype, b.dtype)
+            self.assertAllEqual(a, b)
+        self.assertEqual(float(delay_ms), 0.0)
+        self.assertEqual(float(compute_ms), 0.0)
+
+    def test_extra_ms_delay_is_applied(self):
+        t = time.perf_counter()
+        out, delay_ms, _ = ops.delay([tf.ones([3])], [0.0, 1.0, 80.0])
+        elapsed_ms = (time.perf_counter() - t) * 1e3
+        self.assertAllClose(out[0], np.ones(3))
+        self.assertAlmostEqual(float(delay_ms), 80.0)
+        self.assertGreaterEqual(elapsed_ms, 79.0)
+        self.assertLess(elapsed_ms, 80.0 + 60.0)
+
+    def test_factor_multiplies_measured_compute_time_in_tf_function(self):
+        @tf.function
+        def step(x, start):
+            (y,), delay_ms, compute_ms = ops.delay([x * 2.0], tf.stack([start, tf.constant(3.0, tf.float64),
+                                                                           tf.constant(0.0, tf.float64)]))
+            return y, delay_ms, compute_ms
+
+        step(tf.ones([2]), tf.constant(0.0, tf.float64))  # trace
+        start = time.time() - 0.050  # pretend the step started 50 ms ago
+        t = time.perf_counter()
+        y, delay_ms, compute_ms = step(tf.ones([2]), tf.constant(start, tf.float64))
+        elapsed_ms = (time.perf_counter() - t) * 1e3
+        self.assertAllClose(y, [2.0, 2.0])
+        self.assertGreaterEqual(float(compute_ms), 50.0)
+        self.assertLess(float(compute_ms), 50.0 + 50.0)
+        self.assertAlmostEqual(float(delay_ms), 2.0 * float(compute_ms), places=6)
+        self.assertGreaterEqual(elapsed_ms, float(delay_ms) - 1.0)
+
+    def test_rejects_bad_control(self):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "factor must be a finite number >= 1"):
+            ops.delay([tf.ones([1])], [0.0, 0.5, 0.0])
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "extra_ms must be a finite number >= 0"):
+            ops.delay([tf.ones([1])], [0.0, 1.0, -1.0])
+        with self.assertRaisesRegex((tf.errors.InvalidArgumentError, ValueError), "rank 1|length 3|shape"):
+            ops.delay([tf.ones([1])], [0.0, 1.0])
+
+    def test_concurrent_delays_do_not_hold_threads(self):
+        """Eight 100 ms delays from eight threads finish in about 100 ms, not 800 ms (async kernel)."""
+        results, errors = [], []
+
+        def worker(i):
+            try:
+                out, d, _ = ops.delay([tf.constant(float(i))], [0.0, 1.0, 100.0])
+                results.append((i, float(out[0]), float(d)))
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=10)
+        elapsed = time.perf_counter() - t
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(r[0] for r in results), list(range(8)))
+        self.assertTrue(all(r[1] == r[0] and r[2] == 100.0 for r in results))
+        self.assertLess(elapsed, 0.5)
+
+
+def test_stale_build_is_refused_with_rebuild_instructions(tmp_path, monkeypatch):
+    lib = ops._library_path()
+    shutil.copy(lib, tmp_path / os.path.basename(lib))
+    (tmp_path / "_hetsync_ops_build.json").write_text(json.dumps({"tf_version": "0.0.1"}))
+    monkeypatch.setattr(ops, "_HERE", str(tmp_path))
+    monkeypatch.setattr(ops, "_library", None)
+    with pytest.raises(ops.OpLibraryError, match=r"built for TensorFlow 0\.0\.1.*make deps"):
+        ops.load_library()
+
+
+def test_missing_library_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(ops, "_HERE", str(tmp_path))
+    monkeypatch.setattr(ops, "_library", None)
+    with pytest.raises(ops.OpLibraryError, match="not built"):
+        ops.load_library()
