@@ -1,0 +1,65 @@
+"""BSP with real multi-process launches (mpirun, horovodrun --mpi, horovodrun --gloo)."""
+import os
+import statistics
+
+import pytest
+
+from conftest import launch, read_json, read_jsonl
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_bsp_trains_digits_to_90_percent_with_identical_weights(np_, tmp_path):
+    launch(np_, ["examples/keras_digits.py", "--protocol", "bsp", "--epochs", "20", "--lr", "0.2",
+                 "--out", str(tmp_path), "--quiet", "--slowdown", "random:3"], launcher="horovodrun-mpi")
+    s = read_json(tmp_path / "summary.json")
+    assert s["protocol"] == "bsp" and s["world_size"] == np_ and s["scenario"] == "random:3"
+    assert s["weights_in_sync"] is True and s["weights_max_abs_diff"] == 0.0
+    assert s["final_test_accuracy"] >= 0.90
+    assert s["time_to_target_s"] is not None and 0 < s["time_to_target_s"] <= s["wall_s"]
+    steps = s["steps"]
+    assert [r["steps"] for r in s["per_rank"]] == [steps] * np_
+    assert s["stats"]["syncs"] == steps  # one allreduce per step
+    for key in ("dataset", "epochs", "samples_per_s", "stats", "scenario", "wall_s"):
+        assert key in s
+    for r in range(np_):
+        recs = read_jsonl(tmp_path / f"rank{r}.jsonl")
+        assert len(recs) == steps
+        assert {"step", "wall_s", "loss", "delay_ms", "sync_wait_ms", "compute_ms"} <= set(recs[0])
+    assert os.path.isdir(tmp_path / "tensorboard")
+
+
+def test_bsp_equals_single_process_on_the_concatenated_batch(tmp_path):
+    out = tmp_path / "eq.json"
+    launch(2, ["tests/mp/bsp_equivalence.py", str(out), "12", "16"])
+    r = read_json(out)
+    assert r["syncs"] == 12
+    assert r["diff_across_ranks"] == 0.0
+    assert r["moved"] > 1e-2  # training really changed the weights
+    assert r["diff_vs_single"] < 1e-5  # float32 summation-order differences only
+
+
+def test_slowdown_really_slows_the_named_rank(tmp_path):
+    launch(2, ["tests/mp/slowdown_measure.py", str(tmp_path), "deterministic:1:4"])
+
+    def med(run, rank, key):
+        recs = read_jsonl(tmp_path / run / f"rank{rank}.jsonl")[3:]  # skip tracing steps
+        return statistics.median(r[key] for r in recs)
+
+    requested = med("slow", 1, "delay_ms")
+    measured = med("slow", 1, "step_ms") - med("none", 1, "step_ms")
+    assert requested > 8.0, requested  # 3x a real compute time of several ms
+    assert med("slow", 0, "delay_ms") == 0.0
+    assert abs(measured - requested) <= 0.2 * requested, (measured, requested)
+    # rank 0 is not delayed itself but waits for rank 1 in every allreduce
+    assert med("slow", 0, "sync_wait_ms") - med("none", 0, "sync_wait_ms") >= 0.6 * requested
+
+
+def test_bsp_under_gloo_and_mpi_only_protocols_refused(tmp_path):
+    out = tmp_path / "gloo.json"
+    launch(2, ["tests/mp/gloo_check.py", str(out)], launcher="horovodrun-gloo")
+    r = read_json(out)
+    assert r["mode"] == "gloo" and r["size"] == 2
+    assert "runs on Gloo; launch it with `horovodrun --mpi" in r["mpi_error"]
+    assert r["weights_diff"] == 0.0
