@@ -4,6 +4,7 @@ PY := .venv/bin/python
 HOROVODRUN := .venv/bin/horovodrun
 STAMP := .venv/.hetsync-deps
 NP ?= 4
+PROTOCOLS ?= bsp
 SLOWDOWN ?= random:6
 EPOCHS ?= 30
 RUN_OUT ?= runs/main
@@ -24,10 +25,16 @@ $(STAMP): scripts/deps.sh requirements-dev.txt setup.py pyproject.toml $(wildcar
 build: deps
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 
-# The main job: 4 ranks train on real digits under the random:6 straggler scenario.
+# The main job: 4 ranks train on real digits under the random:6 straggler scenario, once per
+# protocol in PROTOCOLS, then a side-by-side table.
 run: deps
-	$(HOROVODRUN) --mpi -np $(NP) $(PY) examples/keras_digits.py --protocol bsp --slowdown $(SLOWDOWN) \
-	    --dataset digits --model mlp --epochs $(EPOCHS) --target-accuracy 0.9 --out $(RUN_OUT)/bsp
+	@rm -rf $(RUN_OUT)
+	@set -e; for p in $(PROTOCOLS); do \
+	  echo "=== $$p: $(NP) ranks, --slowdown $(SLOWDOWN)"; \
+	  $(HOROVODRUN) --mpi -np $(NP) $(PY) examples/keras_digits.py --protocol $$p --slowdown $(SLOWDOWN) \
+	    --dataset digits --model mlp --epochs $(EPOCHS) --target-accuracy 0.9 --out $(RUN_OUT)/$$p; \
+	done
+	$(PY) -m hetsync.report $(RUN_OUT)
 
 test: deps
 	$(PY) -m pytest -q -ra

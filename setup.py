@@ -105,7 +105,7 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildTFOps},
-    install_requires=["numpy", "scikit-learn", "tqdm"],
+    install_requires=["numpy", "scikit-learn", "tqdm", "tabulate"],
     extras_require={"bench": ["matplotlib"]},
     entry_points={"console_scripts": []},
 )

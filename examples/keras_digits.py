@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tabulate import tabulate  # noqa: E402
 
 import hetsync  # noqa: E402
 
@@ -81,7 +82,6 @@ def main(argv=None):
         ds = hetsync.data.load(args.dataset, args.data_dir, seed=args.seed)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
-    x, y = hetsync.data.shard(ds.x_train, ds.y_train, rank, size, seed=args.seed)
 
     model = build_model(args.model, ds.input_shape, ds.num_classes, args.seed)
     opt = hetsync.protocols.get_wrapper(args.protocol)(keras.optimizers.SGD(args.lr), **proto_kwargs)  # hetsync
@@ -92,12 +92,12 @@ def main(argv=None):
     metrics = hetsync.callbacks.SyncMetrics(args.out, opt)
     callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [accuracy, metrics]  # hetsync
     t0 = time.time()
-    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, callbacks=callbacks,
-              verbose=1 if (rank == 0 and not args.quiet) else 0)
+    fit_data = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, args.batch_size, seed=args.seed)
+    model.fit(**fit_data, epochs=args.epochs, callbacks=callbacks, verbose=1 if (rank == 0 and not args.quiet) else 0)
     wall = time.time() - t0
 
     diff = hetsync.transport.max_abs_difference_across_ranks(model.trainable_variables)
-    samples = sum(r["steps"] for r in metrics.per_rank) * args.batch_size
+    samples = sum(r["samples"] for r in metrics.per_rank)
     summary = metrics.write_summary(
         dataset=args.dataset, model=args.model, scenario=slowdown.scenario.spec, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, target_accuracy=args.target_accuracy,
@@ -115,8 +115,7 @@ def main(argv=None):
                 ("samples/s", f"{summary['samples_per_s']:.0f}"),
                 ("weights in sync", f"{summary['weights_in_sync']} (max diff {diff:.2g})"),
                 ("summary", os.path.join(args.out, "summary.json"))]
-        width = max(len(k) for k, _ in rows)
-        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+        print(tabulate(rows, tablefmt="plain"))
     return summary
 
 

@@ -188,8 +188,9 @@ class SyncMetrics(keras.callbacks.Callback):
     ``wall_s`` (seconds since training began), ``step_ms`` (wall time of the step, milliseconds),
     ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms`` (time inside
     synchronization), and every protocol statistic (:meth:`hetsync.protocols.Protocol.step_stats`).
-    Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. At the end, all ranks
-    allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+    Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
+    completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
+    the data did not come from it). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
         log_dir: str path of the output folder (created).
@@ -201,7 +202,7 @@ class SyncMetrics(keras.callbacks.Callback):
     """
 
     #: per-rank totals gathered at the end, in this order.
-    TOTALS = ("steps", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total")
+    TOTALS = ("steps", "samples", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total")
 
     def __init__(self, log_dir, optimizer=None):
         super().__init__()
@@ -222,6 +223,9 @@ class SyncMetrics(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._totals["samples"] += self.protocol.samples_per_epoch or 0
 
     def on_train_batch_begin(self, batch, logs=None):
         self._tb = time.time()
@@ -261,7 +265,7 @@ class SyncMetrics(keras.callbacks.Callback):
         gathered = transport.allgather(mine, name="hetsync_metrics_totals").numpy()
         self.per_rank = [dict(zip(self.TOTALS, map(float, row)), rank=r) for r, row in enumerate(gathered)]
         for row in self.per_rank:
-            row["steps"] = int(row["steps"])
+            row["steps"], row["samples"] = int(row["steps"]), int(row["samples"])
         self.summary = {
             "protocol": self.protocol.name,
             "protocol_config": self.protocol.config(),

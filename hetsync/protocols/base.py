@@ -41,6 +41,8 @@ class Protocol:
     def __init__(self):
         self.optimizer = None
         self._stats = {}
+        #: samples this rank processes per epoch (int), set by :meth:`fit_data`; read by SyncMetrics.
+        self.samples_per_epoch = None
 
     # -- life cycle ---------------------------------------------------------------------------
     def attach(self, optimizer):
@@ -70,6 +72,27 @@ class Protocol:
     def callbacks(self):
         """Return the list of Keras callbacks this protocol needs besides the common ones."""
         return []
+
+    def fit_data(self, x, y, batch_size, seed=0):
+        """Return this rank's ``model.fit`` data arguments for the full training set ``(x, y)``.
+
+        Default: a disjoint, equally long shard per rank (:func:`hetsync.data.shard`), shuffled by
+        Keras each epoch. Protocols with their own data order or per-rank workloads (task
+        allocation, SelSync's SelDP) override this.
+
+        Args:
+            x: array [N, ...] (all training inputs). y: int array [N]. batch_size: int samples per
+            rank per step. seed: int.
+
+        Returns:
+            dict of keyword arguments for ``model.fit`` (``x``, ``y``, ``batch_size``, ``shuffle``,
+            and possibly ``steps_per_epoch``); ``x`` may be a ``keras.utils.PyDataset``.
+        """
+        from .. import data
+
+        xs, ys = data.shard(x, y, runtime.rank(), runtime.size(), seed=seed)
+        self.samples_per_epoch = len(xs)
+        return {"x": xs, "y": ys, "batch_size": batch_size, "shuffle": True}
 
     # -- the step -------------------------------------------------------------------------------
     def apply(self, grads, variables, local_apply):
