@@ -29,13 +29,28 @@ import threading
 import numpy as np
 
 __all__ = [
-    "Scenario", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
+    "Scenario", "Component", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
     "parse_spec", "step_control", "sync_control",
 ]
 
 
+class Component:
+    """Base of one scenario part; subclasses are frozen dataclasses."""
+
+    def validate(self, world_size):
+        """Check the part against the world size (int). Raises ValueError if it does not fit."""
+
+    def draw(self, rng, rank, world_size):
+        """Draw one step's injection for ``rank`` (int) from ``rng`` (numpy Generator).
+
+        Returns:
+            ``(factor, extra_ms)``: float factor K >= 1 and float extra delay in milliseconds.
+        """
+        return 1.0, 0.0
+
+
 @dataclasses.dataclass(frozen=True)
-class RandomSlowdown:
+class RandomSlowdown(Component):
     """``random:K``: each step each rank is K times slower with probability 1/n (Hop section 7).
 
     Attributes:
@@ -45,12 +60,11 @@ class RandomSlowdown:
     k: float
 
     def draw(self, rng, rank, world_size):
-        """Return ``(factor, extra_ms)`` for one step."""
         return (self.k if rng.random() < 1.0 / world_size else 1.0), 0.0
 
 
 @dataclasses.dataclass(frozen=True)
-class DeterministicSlowdown:
+class DeterministicSlowdown(Component):
     """``deterministic:R:K``: rank R is always K times slower.
 
     Attributes:
@@ -70,7 +84,7 @@ class DeterministicSlowdown:
 
 
 @dataclasses.dataclass(frozen=True)
-class UniformDelay:
+class UniformDelay(Component):
     """``uniform:A:B``: an extra delay drawn uniformly in [A, B] milliseconds per step (RNA section 8).
 
     Attributes:
@@ -85,7 +99,7 @@ class UniformDelay:
 
 
 @dataclasses.dataclass(frozen=True)
-class Speeds:
+class Speeds(Component):
     """``speeds:S0,S1,...``: per-rank speed factors; rank i is max(S)/S_i times slower.
 
     Attributes:
@@ -104,7 +118,7 @@ class Speeds:
 
 
 @dataclasses.dataclass(frozen=True)
-class NetDelay:
+class NetDelay(Component):
     """``netdelay:MS``: MS milliseconds of extra latency on every synchronization.
 
     Attributes:

@@ -63,3 +63,13 @@ def test_bsp_under_gloo_and_mpi_only_protocols_refused(tmp_path):
     assert r["mode"] == "gloo" and r["size"] == 2
     assert "runs on Gloo; launch it with `horovodrun --mpi" in r["mpi_error"]
     assert r["weights_diff"] == 0.0
+
+
+def test_a_collective_that_a_rank_never_joins_fails_within_the_timeout():
+    proc = launch(2, ["tests/mp/collective_timeout.py", "6"], check=False, timeout=120)
+    line = next((ln for ln in proc.stdout.splitlines() if "RESULT" in ln), "")
+    assert "RESULT error" in line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    elapsed = float(line.split("RESULT error ")[1].split()[0])
+    assert 5.0 <= elapsed <= 20.0, line
+    assert "Horovod has been shut down" in line
+    assert proc.returncode != 0
