@@ -55,4 +55,127 @@ delay_ms: the delay that was applied, in milliseconds.
 compute_ms: the compute time measured since step_start_s, in milliseconds.
 )doc");
 
+// ---- Gradient cache of RNA (kernels in grad_cache_kernels.cc) --------------
+// RNA paper sections 3.3 and 6: WriteOp / ReadOp run inside the training step
+// and never block; Take / Publish / Wait / Status run on the communication
+// thread. Float32 only; the cache lives in host memory.
+
+REGISTER_OP("HetsyncGradCacheCreate")
+    .Output("cache: resource")
+    .Attr("shapes: list(shape) >= 1")
+    .Attr("max_staleness: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates a gradient cache for float32 tensors of the given shapes and returns
+its handle. max_staleness: write of iteration k drops pending gradients of
+iterations t with k - t > max_staleness (counted).
+)doc");
+
+REGISTER_OP("HetsyncGradCacheWrite")
+    .Input("cache: resource")
+    .Input("grads: N * float")
+    .Input("iteration: int64")
+    .Output("dropped: int64")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+WriteOp: caches this step's gradients (by reference) as pending for local
+iteration `iteration` (strictly increasing). An empty accumulation (the null
+gradient) is replaced; pending gradients of earlier iterations stay and are
+combined with staleness weights when taken; those older than max_staleness
+are dropped. dropped: cumulative number of dropped gradients. Never blocks.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheRead")
+    .Input("cache: resource")
+    .Input("local: N * float")
+    .Input("iteration: int64")
+    .Output("outputs: N * float")
+    .Output("fresh: bool")
+    .Output("round_id: int64")
+    .Output("weight_sum: float")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      const int n = c->num_inputs() - 2;
+      for (int i = 0; i < n; ++i) c->set_output(i, c->input(1 + i));
+      c->set_output(n, c->Scalar());
+      c->set_output(n + 1, c->Scalar());
+      c->set_output(n + 2, c->Scalar());
+      return Status();
+    })
+    .Doc(R"doc(
+ReadOp: if a result was published since the last read, returns it (fresh =
+true, its round id and sum of weights); else returns `local` unchanged
+(fresh = false, the last read round id or -1, weight_sum = 1). Never blocks.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheTake")
+    .Input("cache: resource")
+    .Output("weighted: float")
+    .Output("iterations: int64")
+    .Output("newest_iteration: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->Scalar());
+      return Status();
+    })
+    .Doc(R"doc(
+Takes the pending accumulation, leaving the null gradient. weighted: float32
+[total + 1]: w * g' flattened (tensor order, row-major) followed by w, where
+g' = sum_t a_t g_t / sum_t a_t, a_t = t - (k - tau) + 1, k the newest pending
+iteration, tau = k - (oldest pending iteration); w = 1, or all zeros (w = 0)
+if nothing was pending. iterations: the combined iterations, oldest first.
+newest_iteration: the newest iteration ever written (-1: none).
+)doc");
+
+REGISTER_OP("HetsyncGradCachePublish")
+    .Input("cache: resource")
+    .Input("reduced: float")
+    .Input("round_id: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Publishes an allreduced [sum_r w_r g'_r..., sum_r w_r] (float32 [total + 1])
+as the result of round `round_id` (strictly increasing): the stored result is
+the first `total` values divided by the last (must be > 0).
+)doc");
+
+REGISTER_OP("HetsyncGradCacheWait")
+    .Input("cache: resource")
+    .Input("timeout_ms: float64")
+    .Output("ready: bool")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Blocks up to timeout_ms milliseconds until a gradient is pending; returns
+whether one is. For the communication thread only, never inside a step.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheStatus")
+    .Input("cache: resource")
+    .Output("counters: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(10));
+      return Status();
+    })
+    .Doc(R"doc(
+Returns int64 [10]: written, dropped, taken, takes, published, fresh_reads,
+newest_round, last_read_round, pending, newest_iteration.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheDestroy")
+    .Input("cache: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Deletes the cache from its resource manager (it is freed when the last op
+using it finishes).
+)doc");
+
 }  // namespace hetsync
