@@ -1,0 +1,90 @@
+"""Side-by-side BSP vs RNA runs of the example job; prints ratios (RNA section 8.1 style).
+
+    .venv/bin/python examples/benchmarks/rna_compare.py --slowdown random:6 --seeds 2 4 [example args...]
+
+Each repeat launches ``horovodrun --mpi -np N examples/keras_digits.py`` once with ``--protocol bsp``
+and once with ``--protocol rna`` (alternating order between repeats, same data, model, seed and
+scenario) and reads each run's ``summary.json`` and per-rank step records. Reported per protocol:
+time to the target test accuracy (s, rank 0's model, evaluations excluded), final test accuracy,
+and the time per step (ms): the mean over ranks and steps of ``step_ms``, skipping each rank's
+first 3 steps (tracing). Ratios: BSP's time to target / RNA's (speed-up), RNA's accuracy minus
+BSP's (points), RNA's time per step / BSP's.
+
+Seeds: ``--seeds 2 4`` by default (any seeds work: the Slowdown callback does not slow the first,
+tracing step of a fit, so no seed gives either protocol a head start).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from tabulate import tabulate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def step_ms(out_dir, world):
+    """Mean step time in ms over ranks and steps (each rank's first 3 steps skipped)."""
+    vals = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.jsonl")) as f:
+            vals += [json.loads(line)["step_ms"] for line in f if line.strip()][3:]
+    return statistics.fmean(vals)
+
+
+def run(proto, out_dir, args, extra):
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--mpi", "-np", str(args.np), sys.executable,
+           "examples/keras_digits.py", "--protocol", proto, "--quiet", "--out", out_dir,
+           "--slowdown", args.slowdown] + extra
+    if proto == "rna":
+        for kv in args.rna_arg:
+            cmd += ["--protocol-arg", kv]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        s = json.load(f)
+    return {"ttt": s["time_to_target_s"], "acc": s["final_test_accuracy"], "step_ms": step_ms(out_dir, args.np),
+            "wall": s["wall_s"], "stats": s["stats"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--slowdown", default="random:6")
+    p.add_argument("--seeds", type=int, nargs="+", default=[2, 4], help="one repeat per seed")
+    p.add_argument("--rna-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default="runs/bench-rna")
+    p.add_argument("--timeout", type=float, default=1200)
+    args, extra = p.parse_known_args(argv)
+    rows, ratios = [], {"speedup": [], "acc_diff": [], "step_ratio": []}
+    for rep, seed in enumerate(args.seeds):
+        order = ("bsp", "rna") if rep % 2 == 0 else ("rna", "bsp")
+        res = {proto: run(proto, os.path.join(args.out, f"{proto}-{rep}"), args, extra + ["--seed", str(seed)])
+               for proto in order}
+        b, r = res["bsp"], res["rna"]
+        for proto in ("bsp", "rna"):
+            x = res[proto]
+            rows.append([seed, proto, x["ttt"], f"{x['acc']:.4f}", f"{x['step_ms']:.1f}", f"{x['wall']:.1f}"])
+        if b["ttt"] and r["ttt"]:
+            ratios["speedup"].append(b["ttt"] / r["ttt"])
+        ratios["acc_diff"].append((r["acc"] - b["acc"]) * 100)
+        ratios["step_ratio"].append(r["step_ms"] / b["step_ms"])
+        st = r["stats"]
+        print(f"repeat {rep}: rna rounds={st.get('rounds')} contributors/round={st.get('contributors_per_round_mean')} "
+              f"fresh={st.get('fresh_fraction')} dropped={st.get('dropped_gradients')} "
+              f"drift_max={st.get('drift_max')} probe_ms={st.get('probe_response_ms')}", flush=True)
+    print(f"settings: --np {args.np} --slowdown {args.slowdown} {' '.join(extra)} rna: {args.rna_arg}")
+    print(tabulate(rows, headers=["seed", "protocol", "time to target s", "final acc", "step ms", "wall s"],
+                   tablefmt="github"))
+    for k, v in ratios.items():
+        print(f"{k}: {[round(x, 3) for x in v]} median {statistics.median(v) if v else None}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

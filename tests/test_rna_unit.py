@@ -1,0 +1,95 @@
+"""RNA in one process: argument checks, the compute step (ReadOp result, lr scaling, parameter correction), a full fit."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hetsync
+from hetsync import ops
+from hetsync.protocols.rna import RNAProtocol
+
+
+@pytest.fixture(scope="module", autouse=True)
+def init():
+    hetsync.init()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"probes": 0}, "probes must be an int >= 1, got 0"),
+    ({"probes": 3}, "probes=3 exceeds the world size 1"),
+    ({"max_staleness": -1}, "max_staleness must be an int >= 0, got -1"),
+    ({"average_every": 1.5}, "average_every must be an int >= 0, got 1.5"),
+    ({"scale_lr": "yes"}, "scale_lr must be True or False, got 'yes'"),
+    ({"timeout_s": 0}, "timeout_s must be a positive number"),
+    ({"finish_timeout_s": -3}, "finish_timeout_s must be a positive number"),
+])
+def test_bad_arguments_fail_at_wrap_time(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        hetsync.RNA(keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_cli_arguments_are_checked_against_the_signature():
+    kw = hetsync.protocols.parse_protocol_args("rna", ["probes=1", "scale_lr=True", "average_every=0"])
+    assert kw == {"probes": 1, "scale_lr": True, "average_every": 0}
+    with pytest.raises(ValueError, match="takes no argument 'probe'"):
+        hetsync.protocols.parse_protocol_args("rna", ["probe=1"])
+
+
+def _step_setup(scale_lr, average_every=0):
+    v = keras.Variable(np.zeros(3, np.float32))
+    opt = hetsync.RNA(keras.optimizers.SGD(0.5), scale_lr=scale_lr, average_every=average_every, drift_every=0)
+    opt.build([v])
+    proto = opt.hetsync_protocol
+    proto._create_caches()  # what start() does, without the communication thread
+    return v, opt, proto
+
+
+@pytest.mark.parametrize("scale_lr", [False, True])
+def test_step_applies_the_fresh_result_scaled_by_the_weight_sum_then_local_gradients(scale_lr):
+    v, opt, proto = _step_setup(scale_lr)
+    step = tf.function(lambda g: opt.apply([g], [v]))
+    step(tf.constant([1.0, 1.0, 1.0]))  # no result yet: the local gradient, lr 0.5
+    np.testing.assert_allclose(v.numpy(), [-0.5] * 3)
+    # a round with 3 contributors whose gradients sum to [3, 6, 9]: result [1, 2, 3], sum(w) = 3
+    ops.grad_cache_publish(proto._cache, np.array([3.0, 6.0, 9.0, 3.0], np.float32), 0)
+    step(tf.constant([1.0, 1.0, 1.0]))
+    factor = 3.0 if scale_lr else 1.0  # gamma_k = sum(w) * gamma
+    np.testing.assert_allclose(v.numpy(), [-0.5 - 0.5 * factor * x for x in (1, 2, 3)], rtol=1e-6)
+    step(tf.constant([2.0, 2.0, 2.0]))  # nothing new: local again, unscaled
+    np.testing.assert_allclose(v.numpy(), [-1.5 - 0.5 * factor * x for x in (1, 2, 3)], rtol=1e-6)
+    st = proto.step_stats()
+    assert st["rna_fresh"] == 0.0 and st["rna_round"] == 0.0 and st["rna_contributors"] == 1.0
+    s = ops.grad_cache_status(proto._cache)
+    assert s["written"] == 3 and s["pending"] == 3 and s["fresh_reads"] == 1  # max_staleness 4: nothing dropped
+
+
+def test_parameter_average_correction_is_added_once():
+    v, opt, proto = _step_setup(False, average_every=5)
+    step = tf.function(lambda g: opt.apply([g], [v]))
+    step(tf.constant([0.0, 0.0, 0.0]))
+    ops.grad_cache_publish(proto._pcache, np.array([1.0, -2.0, 0.5, 1.0], np.float32), 0)  # mean - snapshot
+    step(tf.constant([0.0, 0.0, 0.0]))
+    np.testing.assert_allclose(v.numpy(), [1.0, -2.0, 0.5])
+    step(tf.constant([0.0, 0.0, 0.0]))
+    np.testing.assert_allclose(v.numpy(), [1.0, -2.0, 0.5])
+    assert proto.step_stats()["rna_param_corrections"] == 1.0
+
+
+def test_single_process_fit_runs_rounds_and_stops_cleanly(tmp_path):
+    ds = hetsync.data.load("digits", seed=0)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10, activation="softmax")])
+    opt = hetsync.RNA(keras.optimizers.SGD(0.1), probes=1, average_every=3)
+    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    metrics = hetsync.callbacks.SyncMetrics(str(tmp_path), opt)
+    hist = model.fit(ds.x_train, ds.y_train, batch_size=64, epochs=3, verbose=0,
+                     callbacks=hetsync.callbacks.standard(opt) + [metrics])
+    s = opt.hetsync_protocol.summary_stats()
+    assert s["final_reason"] == "all ranks finished"
+    assert s["rounds"] >= 1 and s["initiator_counts"] == [s["rounds"]]
+    pr = s["per_rank"][0]
+    assert pr["steps"] == pr["written"] == 3 * int(np.ceil(len(ds.x_train) / 64))
+    assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+    assert hist.history["accuracy"][-1] > 0.5
+    assert metrics.summary["stats"]["rounds"] == s["rounds"]
