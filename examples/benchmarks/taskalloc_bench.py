@@ -1,0 +1,188 @@
+"""Task allocation benchmark: epoch-time ratios and heterogeneity efficiency, side by side in one run.
+
+Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np 4`` for each configuration below,
+interleaved, ``--repeats`` times (the machine is shared and noisy):
+
+* ``speeds:1,1,1,0.5`` (rank 3 twice slower): task allocation with an equal static allocation vs
+  self-adaptive allocation (same C, same micro-batch, so the same global batch), plus BSP with the
+  same global batch for reference;
+* no slowdown: BSP vs self-adaptive task allocation (same global batch).
+
+Epoch time is measured from rank 0's per-step records (``rank0.jsonl``): the duration of epoch e is
+the wall time between the last step of epoch e-1 and the last step of epoch e; the figure is the
+median over epochs ``--skip`` .. end ("once stable"). The heterogeneity efficiency is the protocol's
+in-run E (:func:`hetsync.protocols.taskalloc.heterogeneity_efficiency`), median over the same
+epochs. Prints a table and writes ``OUT/results.json``.
+
+``--simulated MS`` instead runs ``tests/mp/taskalloc_adaptive.py`` (digits, small CNN) with a
+*simulated device* that waits MS ms per sample on a timer thread (no CPU), so compute time is
+proportional to the work and independent of how the machine's cores are shared: equal static
+allocation vs adaptive under ``speeds:1,1,1,0.5``, and BSP vs adaptive with equal speeds (epoch
+time = median epoch wall time on rank 0 over epochs ``--skip`` .. end).
+
+Usage: ``.venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/taskalloc_bench``
+(``--simulated 1.0`` for the simulated-device variant).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from tabulate import tabulate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
+
+
+def configs(total, micro):
+    """Return {name: (slowdown spec, protocol argv)}: every run has the global batch total x micro."""
+    ta = ["--protocol", "taskalloc", "--batch-size", str(micro), "--protocol-arg", f"total={total}"]
+    bsp = ["--protocol", "bsp", "--batch-size", str(total * micro // 4)]
+    return {
+        "hetero/equal": ("speeds:1,1,1,0.5", ta + ["--protocol-arg", "mode=static"]),
+        "hetero/adaptive": ("speeds:1,1,1,0.5", ta + ["--protocol-arg", "mode=adaptive"]),
+        "hetero/bsp": ("speeds:1,1,1,0.5", bsp),
+        "equal/bsp": ("none", bsp),
+        "equal/adaptive": ("none", ta + ["--protocol-arg", "mode=adaptive"]),
+    }
+
+
+def epoch_times(path):
+    """Durations (seconds) of each epoch from one rank's per-step records."""
+    ends = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                ends[r["epoch"]] = max(ends.get(r["epoch"], 0.0), r["wall_s"])
+    e = sorted(ends)
+    return [ends[e[0]]] + [ends[b] - ends[a] for a, b in zip(e, e[1:])]
+
+
+def run(name, spec, argv, args, out):
+    cmd = [HOROVODRUN, "--mpi", "-np", "4", PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
+           "--data-dir", args.data_dir, "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
+           "--slowdown", spec, "--quiet", "--out", out] + argv
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        sys.exit(f"{name} failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    times = epoch_times(os.path.join(out, "rank0.jsonl"))[args.skip:]
+    rec = {"name": name, "epoch_s": statistics.median(times), "accuracy": s["final_test_accuracy"],
+           "launch_s": time.time() - t0}
+    if s["protocol"] == "taskalloc":
+        eps = s["stats"]["epochs"]
+        rec["efficiency"] = statistics.median(h["efficiency"] for h in eps[args.skip:])
+        rec["w_last"] = eps[-1]["w"]
+        rec["w_by_epoch"] = [h["w"] for h in eps]
+        rec["stable_epoch"] = s["stats"].get("stable_epoch")
+    return rec
+
+
+def run_simulated(args):
+    """Simulated device: equal static vs adaptive allocation under speeds:1,1,1,0.5, and BSP vs
+    adaptive with equal speeds (same global batch); returns the results dict."""
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT,
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+    os.makedirs(args.out, exist_ok=True)
+    runs = []
+    cases = [("equal", "speeds:1,1,1,0.5", ["--mode", "static", "--weights", ",".join([str(args.total // 4)] * 4)]),
+             ("adaptive", "speeds:1,1,1,0.5", ["--mode", "adaptive", "--total", str(args.total)]),
+             ("bsp_same_speeds", "none", ["--mode", "bsp", "--total", str(args.total)]),
+             ("adaptive_same_speeds", "none", ["--mode", "adaptive", "--total", str(args.total)])]
+    for rep in range(args.repeats):
+        for name, spec, extra in cases[rep % len(cases):] + cases[:rep % len(cases)]:
+            out = os.path.join(args.out, f"sim_{name}_{rep}.json")
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "--mca", "btl_tcp_if_include", "lo",
+                   PY, "tests/mp/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
+                   str(args.epochs), "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
+                   "--device-ms-per-sample", str(args.simulated)] + extra
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+            if proc.returncode != 0:
+                sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            with open(out) as f:
+                res = json.load(f)[spec]
+            st = res["stats"]
+            rec = {"name": name, "repeat": rep, "epoch_s": statistics.median(res["epoch_wall_s"][args.skip:])}
+            if "epochs" in st:
+                eps = st["epochs"][args.skip:]
+                rec.update({"efficiency": statistics.median(h["efficiency"] for h in eps),
+                            "w_last": st["epochs"][-1]["w"], "w_by_epoch": [h["w"] for h in st["epochs"]]})
+            runs.append(rec)
+            print(json.dumps(rec), flush=True)
+    names = [c[0] for c in cases]
+    med = {n: statistics.median(r["epoch_s"] for r in runs if r["name"] == n) for n in names}
+    eff = {n: statistics.median(r["efficiency"] for r in runs if r["name"] == n)
+           for n in names if n != "bsp_same_speeds"}
+    res = {"args": vars(args), "runs": runs, "median_epoch_s": med, "median_efficiency": eff,
+           "ratios": {"adaptive_vs_equal_epoch_time": med["adaptive"] / med["equal"],
+                      "adaptive_vs_bsp_epoch_time_same_speeds": med["adaptive_same_speeds"] / med["bsp_same_speeds"]}}
+    print(json.dumps({k: res[k] for k in ("median_epoch_s", "median_efficiency", "ratios")}, indent=1))
+    with open(os.path.join(args.out, "results_simulated.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/taskalloc_bench")
+    p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "mnist-t10k"))
+    p.add_argument("--model", default="cnn", choices=("mlp", "cnn"))
+    p.add_argument("--total", type=int, default=32, help="C, micro-batches per round")
+    p.add_argument("--micro-batch", type=int, default=32, help="samples per micro-batch")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--skip", type=int, default=3, help="epochs left out of the medians (warm-up, adaptation)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--only", default=None, help="comma-separated subset of configuration names")
+    p.add_argument("--simulated", type=float, default=None, metavar="MS",
+                   help="simulated-device variant: MS milliseconds of compute per sample (see above)")
+    args = p.parse_args(argv)
+    if args.simulated is not None:
+        run_simulated(args)
+        return 0
+    cfgs = configs(args.total, args.micro_batch)
+    if args.only:
+        cfgs = {k: v for k, v in cfgs.items() if k in args.only.split(",")}
+    results = []
+    for rep in range(args.repeats):
+        names = list(cfgs)
+        names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order between repeats
+        for name in names:
+            spec, pargs = cfgs[name]
+            rec = run(name, spec, pargs, args, os.path.join(args.out, f"{name.replace('/', '_')}_{rep}"))
+            rec["repeat"] = rep
+            results.append(rec)
+            print(json.dumps(rec), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    by = {n: [r for r in results if r["name"] == n] for n in cfgs}
+    med = {n: statistics.median(r["epoch_s"] for r in rs) for n, rs in by.items() if rs}
+    rows = [[n, f"{med[n]:.3f}", " ".join(f"{r['epoch_s']:.3f}" for r in rs),
+             " ".join(f"{r['efficiency']:.3f}" for r in rs if "efficiency" in r) or "-",
+             " ".join(f"{r['accuracy']:.4f}" for r in rs), rs[-1].get("w_last", "-")] for n, rs in by.items() if rs]
+    print(tabulate(rows, headers=["config", "epoch s (median)", "per repeat", "E per repeat", "accuracy", "last w"],
+                   tablefmt="github"))
+    ratios = {}
+    if "hetero/equal" in med and "hetero/adaptive" in med:
+        ratios["adaptive_vs_equal_epoch_time"] = med["hetero/adaptive"] / med["hetero/equal"]
+    if "hetero/bsp" in med and "hetero/adaptive" in med:
+        ratios["adaptive_vs_bsp_epoch_time_hetero"] = med["hetero/adaptive"] / med["hetero/bsp"]
+    if "equal/bsp" in med and "equal/adaptive" in med:
+        ratios["adaptive_vs_bsp_epoch_time_equal_speeds"] = med["equal/adaptive"] / med["equal/bsp"]
+    print(json.dumps(ratios, indent=1))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "runs": results, "median_epoch_s": med, "ratios": ratios}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""Task allocation: static and self-adaptive per-rank workloads for allreduce training.
+
+Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
+Gao), section III, Algorithm 1, eq. (10); GUIDE section 2.
+
+Rank i processes w_i micro-batches of b samples per synchronization; the ranks then allreduce the
+*sum* of their gradients and divide by the number of samples in the round, so each update is the
+mean gradient over every sample of the round (eq. 1 with the global batch C x b, C = sum_i w_i).
+Each rank's data share is w_i / C of the training set. ``static``: w is given. ``adaptive``
+(Algorithm 1): after each epoch the ranks exchange their compute time t_s^i and set
+
+    w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j)                                          (eq. 10)
+
+rounded to integers with sum C and w_i >= 1 (largest-remainder rounding), until the allocation
+stops moving.
+
+How the w_i micro-batches of a round are processed (a deliberate Keras 3 design choice): Keras 3's
+``model.fit`` fixes the number of steps per epoch when training begins (its ``EpochIterator``
+caches it; a data set that yields a different number of batches in a later epoch is cut short or
+"runs out of data"), so a rank cannot run w_i Keras steps per round when w changes between
+epochs. Here **one Keras step is one synchronization round** on every rank: rank i's batch in
+that step holds its w_i micro-batches (w_i x b samples) and Keras computes their summed gradient
+in one pass, which is exactly the gradient accumulation of the paper (the sum of the micro-batch
+gradients), with activation memory for w_i x b samples instead of b. Every rank therefore runs
+the same number of steps per epoch, joins the same collectives, and sees the same epoch
+boundaries and callbacks, whatever its w_i.
+"""
+import logging
+import math
+import numbers
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from .. import runtime, transport
+from .base import Protocol, wrap
+
+__all__ = [
+    "TaskAllocation", "TaskAllocationProtocol", "AllocatedData", "round_allocation", "plan_rounds",
+    "epoch_indices", "adapt_allocation", "allocation_change", "heterogeneity_efficiency", "MODES",
+]
+
+log = logging.getLogger("hetsync")
+
+#: allowed values of ``mode``.
+MODES = ("static", "adaptive")
+#: default C per rank when neither ``weights`` nor ``total`` is given in adaptive mode.
+ADAPTIVE_UNITS_PER_RANK = 8
+
+
+# -- pure allocation arithmetic (no TensorFlow, no MPI; unit-tested directly) ---------------------
+
+def round_allocation(ideal, total, minimum=1):
+    """Round a real allocation to integers with a fixed sum (largest-remainder / Hamilton method).
+
+    Each entry starts at ``max(minimum, floor(ideal_i))``; while the sum is below ``total`` the
+    entry with the largest remainder ``ideal_i - a_i`` gets one more; while it is above (only
+    possible because of the lower bound) the entry above ``minimum`` with the smallest remainder
+    ``ideal_i - (a_i - 1)`` gives one back. Ties go to the lower rank, so every rank computes the
+    same result from the same input.
+
+    Args:
+        ideal: sequence of n floats >= 0 (need not sum to ``total`` exactly).
+        total: int >= n * minimum, the required sum.
+        minimum: int >= 0, the smallest allowed entry.
+
+    Returns:
+        numpy int64 array [n] with sum ``total`` and every entry >= ``minimum``.
+
+    Raises:
+        ValueError: ``total`` < n * minimum, or a non-finite / negative ideal value.
+    """
+    x = np.asarray(ideal, dtype=np.float64)
+    n = len(x)
+    if n == 0 or not np.all(np.isfinite(x)) or np.any(x < 0):
+        raise ValueError(f"round_allocation: ideal allocation must be n >= 1 finite values >= 0, got {list(x)}")
+    if total < n * minimum:
+        raise ValueError(f"round_allocation: total {total} cannot give {n} entries at least {minimum} each")
+    a = np.maximum(minimum, np.floor(x)).astype(np.int64)
+    while a.sum() < total:
+        a[int(np.argmax(x - a))] += 1
+    while a.sum() > total:
+        rem = np.where(a > minimum, x - (a - 1), np.inf)
+        a[int(np.argmin(rem))] -= 1
+    return a
+
+
+def plan_rounds(n_samples, micro_batch, weights):
+    """Split one epoch into synchronization rounds and each round into per-rank sample counts.
+
+    A full round holds C x b samples (C = sum(weights), b = ``micro_batch``) and rank i gets
+    w_i x b of them. The last round holds what is left; if that is fewer samples than ranks it is
+    merged into the round before. A round of S samples that is not full is split with
+    :func:`round_allocation` of ``S * w / C`` (every rank gets at least one sample, so every rank
+    takes part in every round). Every sample is in exactly one round.
+
+    Args:
+        n_samples: int N >= number of ranks, training samples per epoch.
+        micro_batch: int b >= 1, samples per micro-batch.
+        weights: sequence of n ints w_i >= 1 (micro-batches per rank per round).
+
+    Returns:
+        numpy int64 array [R, n]: samples of rank i in round r; rows sum to the round sizes and
+        the whole array sums to N. R = ceil(N / (C b)), or one less after a merge; R does not
+        depend on how C is split between the ranks.
+
+    Raises:
+        ValueError: fewer samples than ranks.
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    n, total = len(w), int(w.sum())
+    if n_samples < n:
+        raise ValueError(f"task allocation: {n_samples} training samples cannot be shared by {n} ranks "
+                         "(every rank needs at least one sample per round)")
+    full = total * micro_batch
+    rounds = max(1, math.ceil(n_samples / full))
+    sizes = [full] * (rounds - 1) + [n_samples - full * (rounds - 1)]
+    if rounds > 1 and sizes[-1] < n:
+        sizes = sizes[:-2] + [sizes[-2] + sizes[-1]]
+    rows = [w * micro_batch if s == full else round_allocation(s * w / total, s, minimum=1) for s in sizes]
+    return np.stack(rows).astype(np.int64)
+
+
+def epoch_indices(n_samples, counts, epoch, seed=0):
+    """Return the sample indices of every (round, rank) of one epoch.
+
+    The N samples are permuted with ``default_rng([seed, epoch])`` (identically on every rank);
+    round r takes the next ``counts[r].sum()`` of them and hands them out in rank order.
+
+    Args:
+        n_samples: int N. counts: int array [R, n] from :func:`plan_rounds`. epoch: int >= 0.
+        seed: int.
+
+    Returns:
+        list of R lists of n int64 arrays; together they hold every index in [0, N) exactly once.
+    """
+    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n_samples)
+    out, pos = [], 0
+    for row in counts:
+        parts = []
+        for c in row:
+            parts.append(perm[pos:pos + int(c)])
+            pos += int(c)
+        out.append(parts)
+    assert pos == n_samples, (pos, n_samples)
+    return out
+
+
+def adapt_allocation(weights, compute_s, total):
+    """One self-adaptive step, eq. (10): w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j), rounded.
+
+    Args:
+        weights: sequence of n ints w_i^(k) (micro-batches per round in epoch k).
+        compute_s: sequence of n floats t_s^i > 0: rank i's compute time (seconds, waiting
+            excluded) for a fixed amount of its work at allocation w^(k), e.g. per round.
+        total: int C = sum of the new allocation.
+
+    Returns:
+        numpy int64 array [n], w^(k+1), rounded by :func:`round_allocation` (sum C, each >= 1).
+
+    Raises:
+        ValueError: a compute time that is not a positive finite number.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    t = np.asarray(compute_s, dtype=np.float64)
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError(f"task allocation: compute times must be positive seconds, got {list(t)}")
+    speed = w / t
+    return round_allocation(total * speed / speed.sum(), total, minimum=1)
+
+
+def allocation_change(old, new):
+    """Fraction of the global batch that moves between two allocations: sum_i |new_i - old_i| / (2 C)."""
+    old, new = np.asarray(old), np.asarray(new)
+    return float(np.abs(new - old).sum()) / (2.0 * float(old.sum()))
+
+
+def heterogeneity_efficiency(samples, compute_s, wall_s):
+    """Heterogeneity efficiency E of one epoch (GUIDE section 3), from in-run measurements.
+
+    E = (sum_i D_i / T) / sum_i v_i with v_i = D_i / t_s^i: the job's samples per second divided
+    by the sum of the ranks' own speeds while computing (samples per second of compute time, the
+    paper's v_i = D_i / t_s^i, which stands for the rank's solo speed). D_i = samples of rank i in
+    the epoch, t_s^i = its compute seconds (waiting excluded), T = the epoch's wall time (the
+    protocol passes the epoch without its first step, which carries tracing and rank 0's
+    evaluation). E = 1 when no rank ever waits or communicates; BSP under fixed speeds gets about
+    n min_i v_i / sum_i v_i.
+
+    Args:
+        samples: sequence of n sample counts D_i. compute_s: sequence of n floats t_s^i > 0
+            (seconds). wall_s: float T > 0 (seconds).
+
+    Returns:
+        float E (0 if any input is not positive).
+    """
+    d = np.asarray(samples, dtype=np.float64)
+    t = np.asarray(compute_s, dtype=np.float64)
+    if wall_s <= 0 or np.any(t <= 0) or np.any(d <= 0):
+        return 0.0
+    return float((d.sum() / wall_s) / np.sum(d / t))
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+class AllocatedData(keras.utils.PyDataset):
+    """This rank's batches under the current allocation: item r = its samples of round r.
+
+    The plan is set by :meth:`TaskAllocationProtocol.begin_epoch` at the start of every epoch
+    (resharding when the allocation changed); ``len`` is the number of rounds R, which is the
+    same on every rank and in every epoch.
+
+    Args:
+        x: array [N, ...]. y: array [N]. protocol: the owning :class:`TaskAllocationProtocol`.
+    """
+
+    def __init__(self, x, y, protocol):
+        super().__init__()
+        self.x, self.y, self.protocol = x, y, protocol
+
+    def __len__(self):
+        return self.protocol.rounds
+
+    def __getitem__(self, r):
+        idx = self.protocol.indices_of_round(r)
+        return self.x[idx], self.y[idx]
+
+
+# -- the protocol --------------------------------------------------------------------------------
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"TaskAllocation: {name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"TaskAllocation: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class TaskAllocationProtocol(Protocol):
+    """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`)."""
+
+    name = "taskalloc"
+
+    def __init__(self, mode="static", weights=None, total=None, threshold=0.05, patience=2):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"TaskAllocation: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        if weights is not None:
+            if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or len(weights) == 0:
+                raise ValueError(f"TaskAllocation: weights must be a list of positive integers, one per rank, "
+                                 f"got {weights!r}")
+            for i, wi in enumerate(weights):
+                if isinstance(wi, bool) or not isinstance(wi, numbers.Integral):
+                    raise ValueError(f"TaskAllocation: weights must be positive integers (micro-batches per round); "
+                                     f"weights[{i}] = {wi!r} is not an integer")
+                if wi <= 0:
+                    raise ValueError(f"TaskAllocation: weights must be positive integers (micro-batches per round); "
+                                     f"weights[{i}] = {wi!r} is not positive")
+            weights = [int(wi) for wi in weights]
+        if total is not None:
+            total = _check_int("total (C, micro-batches per round over all ranks)", total, 1)
+            if weights is not None and sum(weights) != total:
+                raise ValueError(f"TaskAllocation: total C={total} but the weights {weights} sum to {sum(weights)}; "
+                                 "give one of them, or make them agree")
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold < 1:
+            raise ValueError(f"TaskAllocation: threshold must be a number in [0, 1) (fraction of the global batch "
+                             f"that moves), got {threshold!r}")
+        self.patience = _check_int("patience (epochs)", patience, 1)
+        self.mode, self.threshold = mode, float(threshold)
+        self._weights_arg, self._total_arg = weights, total
+        self.weights = None  # numpy int64 [n], current allocation
+        self.total = None
+        self.history = []  # one dict per finished epoch
+        self.stable = False
+        self._pending = None
+        self._stable_count = 0
+        self._data = None
+        self.rounds = 0
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def build(self):
+        n = runtime.size()
+        w, total = self._weights_arg, self._total_arg
+        if w is not None and len(w) != n:
+            raise ValueError(f"TaskAllocation: {len(w)} weights {w} given, but the world size is {n} "
+                             "(one weight per rank)")
+        if total is None:
+            total = sum(w) if w is not None else (n if self.mode == "static" else ADAPTIVE_UNITS_PER_RANK * n)
+        if total < n:
+            raise ValueError(f"TaskAllocation: total C={total} is smaller than the world size {n}; every rank "
+                             "needs at least one micro-batch per round")
+        self.total = int(total)
+        self.weights = np.asarray(w, np.int64) if w is not None else round_allocation([total / n] * n, total)
+        self._mb = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="hetsync_taskalloc_samples")
+        for stat in ("w", "samples", "round_samples", "sync_wait_total_ms"):
+            self.add_stat(stat)
+        self._stats["w"].assign(float(self.weights[runtime.rank()]))
+
+    def config(self):
+        return {"mode": self.mode, "weights": None if self._weights_arg is None else list(self._weights_arg),
+                "total": self.total, "threshold": self.threshold, "patience": self.patience,
+                "micro_batch": getattr(self, "micro_batch", None)}
+
+    def fit_data(self, x, y, batch_size, seed=0):
+        """Return ``model.fit`` data kwargs: a :class:`AllocatedData` of this rank's rounds.
+
+        Args:
+            x: array [N, ...], the full training set (every rank passes the same one). y: int
+                array [N]. batch_size: int b >= 1, samples per *micro-batch* (the global batch
+                per round is C x b). seed: int, seeds the per-epoch permutation.
+
+        Returns:
+            ``{"x": AllocatedData, "shuffle": False}`` (the data set shuffles per epoch itself).
+
+        Raises:
+            ValueError: ``batch_size`` not a positive int, ``x`` and ``y`` of different lengths,
+                or fewer samples than ranks.
+        """
+        b = _check_int("batch_size (samples per micro-batch)", batch_size, 1)
+        if len(x) != len(y):
+            raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
+        self.micro_batch, self.seed, self.n_samples = b, int(seed), len(x)
+        self._data = AllocatedData(x, y, self)
+        self._plan(0)
+        return {"x": self._data, "shuffle": False}
+
+    # -- per-epoch plan ----------------------------------------------------------------------------
+    def _plan(self, epoch):
+        self.counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
+        self.rounds = len(self.counts)
+        self.epoch = epoch
+        self._indices = epoch_indices(self.n_samples, self.counts, epoch, self.seed)
+        self.samples_per_epoch = int(self.counts[:, runtime.rank()].sum())
+
+    def indices_of_round(self, r):
+        """Sample indices (int64 array) of this rank in round ``r`` of the current epoch."""
+        return self._indices[r][runtime.rank()]
+
+    def begin_epoch(self, epoch):
+        """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
+        if self._data is None:
+            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
+                               "batch_size): the protocol needs its own per-rank shares")
+        if self._pending is not None:
+            self.weights, self._pending = self._pending, None
+        self._plan(epoch)
+        self._stats["w"].assign(float(self.weights[runtime.rank()]))
+
+    def end_epoch(self, epoch, compute_s, wait_s, wall_s, speed, steady=(0, 0.0, 0.0)):
+        """Exchange this epoch's measurements, record them, and (adaptive) compute the next w.
+
+        One allgather of a float64 row per rank (every rank calls it once per epoch). ``speed`` v_i
+        is rank i's samples per second of compute: the median over the epoch's steps (the first
+        one excluded) of m_i / (step time - time inside the allreduce), robust to a step that lost
+        its core to another process. Eq. (10) is applied with t_s^i = w_i b / v_i, the compute time
+        of one full round, i.e. w_i <- C v_i / sum_j v_j.
+
+        Args:
+            epoch: int. compute_s: float seconds of compute in the epoch (all steps, waiting
+                excluded). wait_s: float seconds inside synchronization. wall_s: float seconds
+                from the epoch's start to its end on this rank. speed: float samples/s (0: none).
+            steady: ``(samples, compute_s, wall_s)`` of the epoch without its first step (which
+                carries graph tracing and waits for rank 0's end-of-epoch evaluation); the
+                heterogeneity efficiency of the epoch is computed from these.
+
+        Returns:
+            dict, the epoch's record (also appended to :attr:`history`).
+        """
+        me = runtime.rank()
+        row = [float(self.weights[me]), float(self.samples_per_epoch), compute_s, wait_s, wall_s,
+               float(speed), float(self.total), float(self.n_samples)] + [float(v) for v in steady]
+        table = transport.allgather(tf.constant([row], tf.float64), name="hetsync_taskalloc_epoch").numpy()
+        w_all = table[:, 0].astype(np.int64)
+        agree = np.all(w_all == self.weights) and np.all(table[:, 6] == self.total)
+        if not (agree and np.all(table[:, 7] == table[0, 7])):
+            raise RuntimeError(f"TaskAllocation: ranks disagree on the allocation (w {list(w_all)}, C "
+                               f"{list(table[:, 6])}, N {list(table[:, 7])}); give every rank the same "
+                               "arguments and training set")
+        samples, compute, wait, wall = table[:, 1], table[:, 2], table[:, 3], table[:, 4]
+        rate = table[:, 5]
+        per_round = np.where(rate > 0, self.weights * self.micro_batch / np.maximum(rate, 1e-12), 0.0)
+        eff = heterogeneity_efficiency(table[:, 8], table[:, 9], float(table[:, 10].max()))
+        rec = {"epoch": int(epoch), "w": [int(v) for v in self.weights], "samples": [int(v) for v in samples],
+               "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
+               "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
+               "speed_samples_per_s": [float(v) for v in rate], "efficiency": eff, "next_w": None,
+               "change": None, "stable": self.stable}
+        if self.mode == "adaptive" and not self.stable:
+            if np.all(rate > 0):
+                new = adapt_allocation(self.weights, per_round, self.total)
+                change = allocation_change(self.weights, new)
+                rec["change"] = change
+                if change > self.threshold:
+                    self._pending, self._stable_count = new, 0
+                else:
+                    self._stable_count += 1
+                    self.stable = self._stable_count >= self.patience
+            rec["stable"] = self.stable
+        rec["next_w"] = [int(v) for v in (self._pending if self._pending is not None else self.weights)]
+        self.history.append(rec)
+        if me == 0:
+            log.info("taskalloc epoch %d: w=%s t_s=%s s wait=%s s E=%.3f change=%s -> next w=%s%s", epoch, rec["w"],
+                     [round(v, 3) for v in rec["t_s_s"]], [round(v, 3) for v in rec["wait_s"]], eff,
+                     "-" if rec["change"] is None else f"{rec['change']:.3f}", rec["next_w"],
+                     " (stable)" if self.stable else "")
+        return rec
+
+    def callbacks(self):
+        return [_TaskAllocationCallback(self)]
+
+    def summary_stats(self):
+        out = super().summary_stats()
+        out.update({"mode": self.mode, "total": self.total, "micro_batch": getattr(self, "micro_batch", None),
+                    "rounds_per_epoch": self.rounds, "final_w": [int(v) for v in self.weights],
+                    "stable": self.stable, "epochs": self.history})
+        stable_at = [h["epoch"] for h in self.history if h["stable"]]
+        out["stable_epoch"] = stable_at[0] if stable_at else None
+        return out
+
+    # -- the step ------------------------------------------------------------------------------------
+    def apply(self, grads, variables, local_apply):
+        """Weighted allreduce: sum_i m_i g_i / sum_i m_i over the ranks, then the local update.
+
+        ``g_i`` is rank i's mean gradient over its m_i samples of this round (Keras' default
+        ``sum_over_batch_size`` loss reduction), so the result is the mean gradient over every
+        sample of the round, whatever the split. One grouped horovod allreduce per step carries the
+        scaled gradients and m_i.
+        """
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        m = tf.identity(self._mb)
+        scaled = [g * tf.cast(m, g.dtype) for g in dense] + [tf.reshape(m, [1])]
+        reduced = self.synchronize(lambda ts: transport.allreduce_sum(ts, name="hetsync_taskalloc"), scaled)
+        total = reduced[-1][0]
+        check = tf.debugging.assert_positive(
+            total, message="TaskAllocation: no samples in this round; train on opt.hetsync_protocol.fit_data(...) "
+                           "with hetsync.callbacks.standard(opt)")
+        with tf.control_dependencies([check] if check is not None else []):
+            total = tf.identity(total)
+        out = list(grads)
+        for i, g in zip(present, reduced[:-1]):
+            out[i] = g / tf.cast(total, g.dtype)
+        self._stats["samples"].assign(tf.cast(m, tf.float64))
+        self._stats["round_samples"].assign(tf.cast(total, tf.float64))
+        self._stats["sync_wait_total_ms"].assign_add(self._stats["sync_wait_ms"])
+        return local_apply(out, variables)
+
+
+class _TaskAllocationCallback(keras.callbacks.Callback):
+    """Feeds each step's sample count m_i to the compiled step, times compute, runs the epoch exchange."""
+
+    def __init__(self, protocol):
+        super().__init__()
+        self.p = protocol
+
+    def on_train_begin(self, logs=None):
+        if self.p._data is None:
+            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
+                               "batch_size): the protocol needs its own per-rank shares")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.p.begin_epoch(epoch)
+        self._t0 = self._steady_t0 = time.perf_counter()
+        self._wait0 = float(self.p._stats["sync_wait_total_ms"].numpy())
+        self._busy = 0.0
+        self._rates = []
+        self._steady_samples, self._steady_compute = 0, 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._m = int(self.p.counts[batch, runtime.rank()]) if batch < self.p.rounds else 0
+        self.p._mb.assign(float(self._m))
+        self._wait_b = float(self.p._stats["sync_wait_total_ms"].numpy())
+        self._tb = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        dt = time.perf_counter() - self._tb
+        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait_b) / 1e3
+        self._busy += dt
+        # the first step of every epoch (graph tracing, data pipeline start, waiting for rank 0's
+        # evaluation of the previous epoch) is not used as a speed sample
+        if batch > 0 or self.p.rounds == 1:
+            if dt - wait > 0:
+                self._rates.append(self._m / (dt - wait))
+            self._steady_samples += self._m
+            self._steady_compute += max(dt - wait, 0.0)
+        else:
+            self._steady_t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.p.rounds == 1:
+            self._steady_t0 = self._t0
+        wall = time.perf_counter() - self._t0
+        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait0) / 1e3
+        compute = max(self._busy - wait, 1e-9)
+        rate = float(np.median(self._rates)) if self._rates else 0.0
+        steady = (self._steady_samples, self._steady_compute, time.perf_counter() - self._steady_t0)
+        self.p.end_epoch(epoch, compute, wait, wall, rate, steady)
+
+
+def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold=0.05, patience=2):
+    """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
+
+    Rank i processes w_i micro-batches of b samples per synchronization round (b = the
+    ``batch_size`` given to ``opt.hetsync_protocol.fit_data``); the ranks allreduce the sum of
+    their gradients (weighted by samples) and divide by the round's sample count, so every update
+    is the mean gradient of a global batch of C x b samples, C = sum_i w_i (paper section III-A,
+    eq. 1). Each rank's data share is w_i / C of the training set, resharded every epoch so every
+    sample is used exactly once per epoch. One Keras step is one round on every rank (see the
+    module docstring), so all ranks run the same steps per epoch.
+
+    ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
+    compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
+    epoch excluded) and set w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
+    :func:`round_allocation` (largest remainder, sum C, w_i >= 1). A new allocation is adopted only
+    if it moves more than ``threshold`` of the global batch (:func:`allocation_change`); after
+    ``patience`` consecutive epochs below it the allocation is frozen ("stable"). Statistics per
+    epoch (w, t_s, waiting time, heterogeneity efficiency, see :func:`heterogeneity_efficiency`)
+    are exchanged by one allgather per epoch in both modes, logged on rank 0 and reported in
+    ``summary_stats()["epochs"]`` (``summary.json`` ``stats`` through SyncMetrics).
+
+    Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
+    hetsync.callbacks.standard(opt))`` (the protocol's callback is part of ``standard``).
+
+    Args:
+        optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
+        mode: ``"static"`` (w fixed) or ``"adaptive"`` (eq. 10 after each epoch).
+        weights: list of n positive ints w_i (micro-batches per round, n = world size), or None:
+            equal shares of ``total`` (largest-remainder rounding).
+        total: int C >= n, micro-batches per round over all ranks; default sum(weights), else n
+            (static) or 8 n (adaptive, fine enough to express speed ratios).
+        threshold: float in [0, 1): smallest fraction of the global batch a reallocation must move.
+        patience: int >= 1: epochs below ``threshold`` after which the allocation is frozen.
+
+    Returns:
+        keras.optimizers.Optimizer (a subclass of the given optimizer's class).
+
+    Raises:
+        ValueError: unknown mode; weights that are not positive integers, or not one per rank;
+            total smaller than the world size or different from sum(weights); bad threshold or
+            patience (all before training starts).
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance.
+        RuntimeError: :func:`hetsync.init` was not called.
+    """
+    return wrap(optimizer, TaskAllocationProtocol(mode=mode, weights=weights, total=total, threshold=threshold,
+                                                  patience=patience))

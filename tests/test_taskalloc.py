@@ -1,0 +1,179 @@
+"""Task allocation: allocation arithmetic, per-epoch plans, argument validation (single process)."""
+import keras
+import numpy as np
+import pytest
+
+import hetsync
+from hetsync.protocols import taskalloc as ta
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _init():
+    hetsync.init()
+
+
+def test_round_allocation_keeps_the_sum_and_the_minimum():
+    assert ta.round_allocation([2.5, 2.5, 1.0], 6).tolist() == [3, 2, 1]  # tie -> lower rank
+    assert ta.round_allocation([4.4, 4.4, 4.4, 2.8], 16).tolist() == [5, 4, 4, 3]  # remainders .8, then .4 (rank 0)
+    assert ta.round_allocation([9.7, 0.1, 0.2], 10).tolist() == [8, 1, 1]  # lower bound 1 taken from the largest
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        total = int(rng.integers(n, 60))
+        ideal = rng.dirichlet(np.ones(n)) * total
+        a = ta.round_allocation(ideal, total)
+        assert a.sum() == total and a.min() >= 1
+        if ideal.min() >= 1:  # no entry lifted to the minimum: plain largest remainder, within one unit
+            assert np.all(np.abs(a - ideal) < 1.0)
+    with pytest.raises(ValueError, match="total 2 cannot give 3 entries"):
+        ta.round_allocation([1, 1, 1], 2)
+
+
+def test_eq10_moves_work_to_the_faster_ranks():
+    # speeds 1,1,1,0.5 at equal w: rank 3 needs twice the compute time for the same work
+    w = ta.adapt_allocation([4, 4, 4, 4], [1.0, 1.0, 1.0, 2.0], 28)
+    assert w.tolist() == [8, 8, 8, 4]
+    # a fixed point: the measured times at w=[8,8,8,4] are equal -> nothing moves
+    assert ta.adapt_allocation([8, 8, 8, 4], [2.0, 2.0, 2.0, 2.0], 28).tolist() == [8, 8, 8, 4]
+    assert ta.allocation_change([4, 4, 4, 4], [8, 8, 8, 4]) == pytest.approx(12 / 32)
+    with pytest.raises(ValueError, match="compute times must be positive"):
+        ta.adapt_allocation([1, 1], [1.0, 0.0], 2)
+
+
+def test_heterogeneity_efficiency_formula():
+    # two ranks, 100 samples each, each computing 1 s of a 1 s epoch: E = 1
+    assert ta.heterogeneity_efficiency([100, 100], [1.0, 1.0], 1.0) == pytest.approx(1.0)
+    # BSP-like: equal shares, rank 1 twice slower: fast one idles half the time -> E = 2 * 100 / (200 + 100) ... = 2/3
+    assert ta.heterogeneity_efficiency([100, 100], [1.0, 2.0], 2.0) == pytest.approx((200 / 2.0) / (100 + 50))
+
+
+@pytest.mark.parametrize("n_samples, b, weights", [(1437, 8, [7, 7, 7, 7]), (1437, 8, [10, 7, 8, 3]),
+                                                   (100, 3, [1, 2, 3]), (30, 4, [5, 1]), (7, 2, [1, 1, 1]),
+                                                   (13, 1, [3, 2, 1, 6])])
+def test_every_sample_once_per_epoch_and_shares_follow_w(n_samples, b, weights):
+    counts = ta.plan_rounds(n_samples, b, weights)
+    assert counts.sum() == n_samples and counts.min() >= 1
+    # the number of rounds only depends on N, C and b (all ranks run the same number of steps)
+    skewed = [sum(weights) - len(weights) + 1] + [1] * (len(weights) - 1)
+    assert len(counts) == len(ta.plan_rounds(n_samples, b, skewed))
+    full = [r for r in counts if r.sum() == sum(weights) * b]
+    assert all((r == np.asarray(weights) * b).all() for r in full)
+    for epoch in range(3):
+        parts = ta.epoch_indices(n_samples, counts, epoch, seed=5)
+        got = np.concatenate([p for row in parts for p in row])
+        assert sorted(got.tolist()) == list(range(n_samples))  # union is the training set, each once
+    a, b_ = ta.epoch_indices(n_samples, counts, 0, 5), ta.epoch_indices(n_samples, counts, 1, 5)
+    assert any(not np.array_equal(x, y) for x, y in zip(a[0], b_[0]))  # reshuffled every epoch
+    share = counts.sum(axis=0) / n_samples
+    assert np.allclose(share, np.asarray(weights) / sum(weights), atol=max(len(weights) / n_samples, 0.06))
+
+
+def test_plan_rounds_merges_a_last_round_smaller_than_the_world():
+    counts = ta.plan_rounds(26, 4, [3, 3])  # one full round of 24, then 2 left for 2 ranks: kept
+    assert counts.tolist() == [[12, 12], [1, 1]]
+    counts = ta.plan_rounds(25, 4, [1, 1, 1])  # 2 full rounds of 12, 1 left for 3 ranks: merged
+    assert counts.tolist() == [[4, 4, 4], [5, 4, 4]]
+    with pytest.raises(ValueError, match="2 training samples cannot be shared by 3 ranks"):
+        ta.plan_rounds(2, 4, [1, 1, 1])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "dynamic"}, "mode must be one of 'static', 'adaptive', got 'dynamic'"),
+    ({"weights": [2, 0]}, r"weights\[1\] = 0 is not positive"),
+    ({"weights": [-1]}, r"weights\[0\] = -1 is not positive"),
+    ({"weights": [1.5]}, r"weights\[0\] = 1.5 is not an integer"),
+    ({"weights": [True]}, r"weights\[0\] = True is not an integer"),
+    ({"weights": "3"}, "weights must be a list of positive integers, one per rank"),
+    ({"weights": [1, 2]}, r"2 weights \[1, 2\] given, but the world size is 1"),
+    ({"total": 0}, "total .* must be an integer >= 1, got 0"),
+    ({"total": 2.5}, "total .* must be an integer >= 1, got 2.5"),
+    ({"weights": [3], "total": 4}, r"total C=4 but the weights \[3\] sum to 3"),
+    ({"threshold": 1.5}, "threshold must be a number in \\[0, 1\\)"),
+    ({"patience": 0}, "patience .* must be an integer >= 1, got 0"),
+])
+def test_bad_arguments_are_refused_before_training(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        hetsync.TaskAllocation(keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_total_smaller_than_world_size_is_refused(monkeypatch):
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    with pytest.raises(ValueError, match="total C=3 is smaller than the world size 4"):
+        hetsync.TaskAllocation(keras.optimizers.SGD(0.1), total=3)
+
+
+def test_fit_data_checks_and_cli_registration(tmp_path):
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive")
+    proto = opt.hetsync_protocol
+    assert proto.total == 8 and proto.weights.tolist() == [8]  # default C = 8 n in adaptive mode
+    with pytest.raises(ValueError, match="batch_size .* must be an integer >= 1, got 0"):
+        proto.fit_data(np.zeros((10, 2)), np.zeros(10), 0)
+    with pytest.raises(ValueError, match="x has 10 samples but y has 9"):
+        proto.fit_data(np.zeros((10, 2)), np.zeros(9), 2)
+    assert hetsync.protocols.parse_protocol_args("taskalloc", ["mode=adaptive", "weights=[1]", "total=1"]) == {
+        "mode": "adaptive", "weights": [1], "total": 1}
+    assert hetsync.protocols.get_wrapper("taskalloc") is hetsync.TaskAllocation
+
+
+def test_training_without_fit_data_fails_clearly():
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(opt, "mse")
+    with pytest.raises(RuntimeError, match="train on the data returned by opt.hetsync_protocol.fit_data"):
+        model.fit(np.zeros((4, 2)), np.zeros(4), verbose=0, callbacks=hetsync.callbacks.standard(opt))
+
+
+def test_single_process_static_training_runs_one_step_per_round():
+    ds = hetsync.data.load("digits", seed=0)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.2), weights=[4])
+    model.compile(opt, "sparse_categorical_crossentropy")
+    hist = model.fit(**opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 16), epochs=2, verbose=0,
+                     callbacks=hetsync.callbacks.standard(opt))
+    s = opt.hetsync_protocol.summary_stats()
+    rounds = int(np.ceil(len(ds.x_train) / 64))
+    assert s["rounds_per_epoch"] == rounds and s["syncs"] == 2 * rounds and int(opt.iterations.numpy()) == 2 * rounds
+    assert [e["samples"] for e in s["epochs"]] == [[len(ds.x_train)]] * 2
+    assert hist.history["loss"][1] < hist.history["loss"][0]
+
+
+def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_threshold(monkeypatch):
+    """end_epoch on a simulated 4-rank world: eq. (10), the threshold and the patience rule."""
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=28, threshold=0.05, patience=2)
+    proto = opt.hetsync_protocol
+    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 5)
+    speeds = {"now": [100.0, 100.0, 100.0, 50.0]}
+
+    def fake_allgather(tensor, name=None):
+        import tensorflow as tf
+
+        row = tensor.numpy()[0]
+        rows = []
+        for i in range(4):
+            r = row.copy()
+            r[0], r[5] = proto.weights[i], speeds["now"][i]
+            rows.append(r)
+        return tf.constant(np.stack(rows))
+
+    monkeypatch.setattr(hetsync.transport, "allgather", fake_allgather)
+    steady = (100, 1.0, 1.0)
+    h = proto.end_epoch(0, 1.0, 0.1, 1.2, 100.0, steady)
+    assert h["w"] == [7, 7, 7, 7] and h["next_w"] == [8, 8, 8, 4] and h["change"] == pytest.approx(6 / 56)
+    proto.begin_epoch(1)
+    assert proto.weights.tolist() == [8, 8, 8, 4] and proto.samples_per_epoch == int(proto.counts[:, 0].sum())
+    speeds["now"] = [108.0, 100.0, 92.0, 50.0]  # noise: eq. (10) gives [9, 8, 7, 4], moving 1/28 < 0.05
+    h = proto.end_epoch(1, 1.0, 0.1, 1.2, 100.0, steady)
+    assert h["next_w"] == [8, 8, 8, 4] and 0 < h["change"] <= 0.05 and not h["stable"]
+    proto.begin_epoch(2)
+    h = proto.end_epoch(2, 1.0, 0.1, 1.2, 100.0, steady)
+    assert h["stable"] and proto.stable  # two epochs in a row below the threshold: frozen
+    speeds["now"] = [100.0, 100.0, 100.0, 10.0]  # frozen: no more reallocation
+    proto.begin_epoch(3)
+    h = proto.end_epoch(3, 1.0, 0.1, 1.2, 100.0, steady)
+    assert h["next_w"] == [8, 8, 8, 4] and h["change"] is None
+    s = proto.summary_stats()
+    assert s["stable_epoch"] == 2 and [e["w"] for e in s["epochs"]] == [[7, 7, 7, 7]] + [[8, 8, 8, 4]] * 3
