@@ -107,5 +107,5 @@ setup(
     cmdclass={"build_ext": BuildTFOps},
     install_requires=["numpy", "scikit-learn", "tqdm", "tabulate"],
     extras_require={"bench": ["matplotlib"]},
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["hetsync-bench = hetsync.bench.__main__:main"]},
 )

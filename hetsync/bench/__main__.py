@@ -1,0 +1,164 @@
+"""``python -m hetsync.bench`` / ``hetsync-bench``: run the benchmark matrix and write its report.
+
+Examples::
+
+    hetsync-bench --preset quick                      # smoke check, every registered protocol
+    hetsync-bench --preset full --update-readme       # the README's Results section
+    hetsync-bench --preset quick --np 2 --scenario digits/random:3 --epochs 2 --protocols bsp
+    hetsync-bench --micro-only                        # op microbenchmarks only
+
+Writes ``OUT/results.json``, ``OUT/results.md`` (Markdown tables), ``OUT/plots/*.png``.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv=None):
+    """Parse the command line; bad values end with a usage error naming them (before anything runs).
+
+    Returns:
+        ``(args, preset, protocols, protocol_args)``.
+    """
+    from .. import protocols as _protocols
+    from . import matrix
+
+    p = argparse.ArgumentParser(prog="hetsync-bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", default="quick", choices=sorted(matrix.PRESETS))
+    p.add_argument("--protocols", default=None,
+                   help="comma-separated protocol names (default: every registered one: "
+                        f"{','.join(sorted(_protocols.WRAPPERS))}); bsp is always included")
+    p.add_argument("--protocol-arg", action="append", default=[], metavar="PROTO:KEY=VALUE",
+                   help="argument for one protocol, repeatable (e.g. rna:probes=2)")
+    p.add_argument("--scenario", action="append", default=None, metavar="[DATASET/]SPEC",
+                   help=f"replace the preset's cells, repeatable; DATASET in {sorted(matrix.DATASETS)} "
+                        "(default digits), SPEC a slowdown spec, e.g. mnist/random:6")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds for every scenario (replace the preset's)")
+    p.add_argument("--np", type=int, default=None, help="ranks per run (replace the preset's)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs for every data set (replace the preset's)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per launch")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-PRESET)")
+    p.add_argument("--no-micro", action="store_true", help="skip the op microbenchmarks")
+    p.add_argument("--micro-only", action="store_true", help="run only the op microbenchmarks")
+    p.add_argument("--micro-repeats", type=int, default=30, help="timed repetitions per microbenchmark")
+    p.add_argument("--update-readme", action="store_true",
+                   help="rewrite the README's Results section from this run (use with --preset full)")
+    p.add_argument("--readme", default=os.path.join(matrix.ROOT, "README.md"))
+    p.add_argument("--dry-run", action="store_true", help="print the run plan and exit")
+    p.add_argument("--report-from", default=None, metavar="DIR",
+                   help="run nothing: recompute the figures from the run folders under DIR and rebuild "
+                        "DIR/results.json, the tables, plots (and README with --update-readme)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    preset = matrix.PRESETS[args.preset]
+    try:
+        changes = {}
+        if args.scenario:
+            changes["cells"] = tuple(matrix.parse_cell(s) for s in args.scenario)
+        if args.seeds:
+            changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+            changes["cells"] = tuple(dataclasses.replace(c, seeds=None) for c in changes.get("cells", preset.cells))
+        if args.np is not None:
+            changes["np"] = args.np
+        if args.epochs is not None:
+            if args.epochs <= 0:
+                raise ValueError(f"--epochs must be positive, got {args.epochs}")
+            changes["epochs"] = {k: args.epochs for k in matrix.DATASETS}
+        if args.timeout is not None:
+            if args.timeout <= 0:
+                raise ValueError(f"--timeout must be positive, got {args.timeout}")
+            changes["timeout_s"] = args.timeout
+        if changes:
+            preset = dataclasses.replace(preset, **changes)
+        preset.validate()
+        names = sorted(_protocols.WRAPPERS) if args.protocols is None else \
+            [n.strip() for n in args.protocols.split(",") if n.strip()]
+        for n in names:
+            _protocols.get_wrapper(n)
+        names = ["bsp"] + [n for n in dict.fromkeys(names) if n != "bsp"]
+        proto_args = {}
+        for pa in args.protocol_arg:
+            proto, sep, kv = pa.partition(":")
+            if not sep or proto not in names:
+                raise ValueError(f"--protocol-arg must look like PROTO:KEY=VALUE with PROTO in {names}, got {pa!r}")
+            proto_args.setdefault(proto, []).append(kv)
+        for proto, pairs in proto_args.items():
+            _protocols.parse_protocol_args(proto, pairs)
+        if args.micro_repeats <= 0:
+            raise ValueError(f"--micro-repeats must be positive, got {args.micro_repeats}")
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.update_readme and args.preset != "full" and not args.report_from:
+        print(f"note: --update-readme with preset {args.preset!r}; the README's Results are meant to come "
+              "from --preset full", file=sys.stderr)
+    return args, preset, names, proto_args
+
+
+def main(argv=None):
+    """Entry point. Returns the exit code: 0, or 1 if a run failed."""
+    args, preset, names, proto_args = parse_args(argv)
+    from . import matrix, table
+
+    out = args.out or os.path.join(matrix.ROOT, "runs", f"bench-{preset.name}")
+    order = matrix.plan(preset, names)
+    if args.dry_run:
+        est = len(order) * matrix.LAUNCH_ESTIMATE_S + len(preset.cells) * matrix.SOLO_ESTIMATE_S
+        print(f"{len(order)} training launches + {len(preset.cells)} solo measurements ({preset.np} ranks each); "
+              f"about {est / 60:.0f} min on a quiet 2-core machine ({matrix.LAUNCH_ESTIMATE_S:.0f} s per launch, "
+              f"{matrix.SOLO_ESTIMATE_S:.0f} s per solo measurement)")
+        for seed, cell, proto in order:
+            print(f"  seed {seed}  {cell.key:<32} {proto}")
+        return 0
+    micro = None
+    if args.report_from:
+        with open(os.path.join(args.report_from, "results.json")) as f:
+            results = json.load(f)
+        matrix.reanalyse(results, args.report_from)
+        return _report(args, results, args.report_from, results.get("micro"))
+    if not args.no_micro:
+        from . import micro as _micro
+
+        print("op microbenchmarks...", file=sys.stderr)
+        micro = _micro.run_all(repeats=args.micro_repeats)
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "micro.json"), "w") as f:
+            json.dump(micro, f, indent=1)
+        print(table.micro_table(micro))
+        if args.micro_only:
+            return 0
+    results = matrix.run_matrix(preset, names, out, protocol_args=proto_args, progress=not args.no_progress,
+                                log=lambda s: print(s, file=sys.stderr))
+    results["micro"] = micro
+    return _report(args, results, out, micro)
+
+
+def _report(args, results, out, micro):
+    """Write results.json, results.md and the plots (and the README section); print the table."""
+    from . import plots, readme, table
+
+    pngs = plots.make_all(results, os.path.join(out, "plots"))
+    md = table.markdown_table(results)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(readme.results_section(results, os.path.relpath(pngs[0], out), micro))
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    print(md)
+    print(f"\n{len(results['runs'])} runs in {results['wall_s'] / 60:.1f} min; results: {out}/results.json, "
+          f"{out}/results.md, plots: {', '.join(pngs)}")
+    if args.update_readme:
+        readme.update_readme(args.readme, results, pngs[0], micro)
+        print(f"updated the Results section of {args.readme}")
+    failed = [r for r in results["runs"] if r["status"] != "ok"]
+    for r in failed:
+        print(f"FAILED: {r['protocol']} seed {r['seed']} {r['cell']}: {r['error'].splitlines()[0]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

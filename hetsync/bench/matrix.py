@@ -1,0 +1,432 @@
+"""The benchmark matrix: protocols x scenarios x seeds, each a real ``horovodrun --mpi`` launch.
+
+Runs are *interleaved* (GUIDE section 3): for every seed, for every (data set, scenario) cell, every
+protocol runs once, in an order rotated from cell to cell, so slow spells of this shared machine hit
+all protocols alike. Before a cell's first runs, the solo speeds of its scenario are measured
+(:func:`hetsync.bench.efficiency.measure_solo`). Every figure is then put against BSP's run *from the
+same seed and cell* (ratios), and summarised over seeds by the median and the min-max spread.
+"""
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+from .. import slowdown as _slowdown
+from . import efficiency
+
+__all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "plan", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
+           "aggregate", "machine_description", "DATASETS", "ROOT", "JOB"]
+
+#: repository root (the folder holding ``examples/``).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: the training job every run launches.
+JOB = "examples/keras_digits.py"
+#: bench data-set name -> the job's data arguments. MNIST: the shared IDX files, relative to the repository.
+DATASETS = {
+    "digits": ["--dataset", "digits"],
+    "mnist": ["--dataset", "mnist-idx", "--data-dir", os.path.join("..", "shared", "data", "mnist-t10k")],
+}
+#: solo-speed runs train this many times the epochs of the real runs (a longer, steadier measurement).
+SOLO_EPOCHS_FACTOR = 2
+#: per-run fields copied into results.json, the table and the ratios.
+METRICS = ("time_to_target_s", "final_test_accuracy", "steps_per_s", "samples_per_s", "efficiency")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (data set, scenario) pair of the matrix.
+
+    Attributes:
+        dataset: str, a key of :data:`DATASETS`. scenario: str slowdown spec.
+        seeds: tuple of int, this cell's seeds, or None for the preset's.
+    """
+
+    dataset: str
+    scenario: str
+    seeds: tuple = None
+
+    @property
+    def key(self):
+        """``"dataset/scenario"``, the cell's name in results and on the command line."""
+        return f"{self.dataset}/{self.scenario}"
+
+
+def parse_cell(text, default_dataset="digits", seeds=None):
+    """Parse ``"[DATASET/]SPEC"`` (e.g. ``"mnist/random:6"`` or ``"speeds:1,1,1,0.5"``) into a :class:`Cell`
+    (with ``seeds``: tuple of int or None for the preset's).
+
+    Raises:
+        ValueError: unknown data set (lists the known ones) or a bad slowdown spec.
+    """
+    dataset, sep, spec = text.partition("/")
+    if not sep:
+        dataset, spec = default_dataset, text
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown data set {dataset!r} in {text!r}; known: {', '.join(DATASETS)}")
+    spec = _slowdown.parse_spec(spec).spec
+    return Cell(dataset, spec, None if seeds is None else tuple(seeds))
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Settings of a benchmark.
+
+    Attributes:
+        name: str. np: int, ranks per run. cells: tuple of :class:`Cell`. seeds: tuple of int.
+        epochs: dict data set -> int epochs. batch_size: int, per-rank samples per step.
+        lr: float SGD learning rate. target: dict data set -> float target test accuracy.
+        model: "mlp" or "cnn". timeout_s: float seconds allowed per launch.
+    """
+
+    name: str
+    np: int
+    cells: tuple
+    seeds: tuple
+    epochs: dict
+    batch_size: int = 32
+    lr: float = 0.2
+    target: dict = dataclasses.field(default_factory=lambda: {"digits": 0.9, "mnist": 0.9})
+    model: str = "mlp"
+    timeout_s: float = 600.0
+
+    def job_argv(self, dataset, epochs_factor=1):
+        """The training job's arguments shared by every run of ``dataset`` (list of str); the solo
+        runs pass ``epochs_factor`` = :data:`SOLO_EPOCHS_FACTOR` to measure over more steps."""
+        return [JOB] + DATASETS[dataset] + [
+            "--model", self.model, "--epochs", str(self.epochs[dataset] * epochs_factor),
+            "--batch-size", str(self.batch_size),
+            "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])]
+
+    def cell_seeds(self, cell):
+        """The seeds ``cell`` runs with (tuple of int)."""
+        return self.seeds if cell.seeds is None else cell.seeds
+
+    def validate(self):
+        """Check every cell against ``np`` before anything runs.
+
+        Raises:
+            ValueError: np < 2, no seeds or cells, or a scenario that does not fit np ranks.
+        """
+        if self.np < 2:
+            raise ValueError(f"the benchmark needs at least 2 ranks, got np={self.np}")
+        if not self.seeds or not self.cells or any(not self.cell_seeds(c) for c in self.cells):
+            raise ValueError("the benchmark needs at least one seed and one scenario, and every scenario a seed")
+        if len({c.key for c in self.cells}) != len(self.cells):
+            raise ValueError(f"scenario listed twice in {[c.key for c in self.cells]}")
+        for c in self.cells:
+            try:
+                _slowdown.parse_spec(c.scenario).validate(self.np)
+            except ValueError as exc:
+                raise ValueError(f"scenario {c.key} does not fit {self.np} ranks: {exc}") from None
+            if c.dataset not in self.epochs:
+                raise ValueError(f"preset {self.name!r} has no epoch count for data set {c.dataset!r}")
+
+
+# The report: 7 (cell, seed) pairs x every protocol (42 launches with 6 protocols). The main scenario
+# (random:6, the Hop/RNA straggler) gets 2 seeds for the median and spread; the others one seed each,
+# to stay near 25 minutes on 2 cores (about 33 s per 4-rank launch on a quiet machine, mostly TensorFlow
+# start-up, plus about 20 s per solo measurement). The mix uniform:0:50+netdelay:50 covers per-step
+# jitter (RNA section 8) and network latency; add `--scenario digits/uniform:0:50` or
+# `--scenario digits/netdelay:50` for either alone (about 3.5 minutes each).
+_FULL_CELLS = (
+    parse_cell("digits/random:6", seeds=(0, 1)), parse_cell("digits/none"), parse_cell("digits/deterministic:3:4"),
+    parse_cell("digits/uniform:0:50+netdelay:50"), parse_cell("digits/speeds:1,1,1,0.5"), parse_cell("mnist/random:6"))
+
+#: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds).
+LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 33.0, 20.0
+
+#: the named presets. ``quick``: a smoke check (< 5 min with every protocol); ``full``: the README report.
+PRESETS = {
+    "quick": Preset("quick", np=4, cells=(parse_cell("digits/random:6"),), seeds=(0,),
+                    epochs={"digits": 6, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}),
+    "full": Preset("full", np=4, cells=_FULL_CELLS, seeds=(0,), epochs={"digits": 10, "mnist": 4},
+                   target={"digits": 0.88, "mnist": 0.85}),
+}
+
+
+def plan(preset, protocols):
+    """The interleaved run order.
+
+    Args:
+        preset: :class:`Preset`. protocols: list of protocol names (BSP first is not required).
+
+    Returns:
+        list of ``(seed, cell, protocol)``: for each seed, for each cell that has this seed, every
+        protocol once; the protocol order is rotated by one from cell to cell.
+    """
+    order, k = [], 0
+    for seed in sorted({s for c in preset.cells for s in preset.cell_seeds(c)}):
+        for cell in [c for c in preset.cells if seed in preset.cell_seeds(c)]:
+            rot = k % len(protocols)
+            order += [(seed, cell, p) for p in protocols[rot:] + protocols[:rot]]
+            k += 1
+    return order
+
+
+def _env():
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TF_NUM_INTRAOP_THREADS": "1", "PATH": bindir + os.pathsep + env.get("PATH", ""),
+                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
+    return env
+
+
+def launch_command(preset, seed, cell, protocol, out, protocol_args=()):
+    """The ``horovodrun --mpi`` command (list of str) of one run."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "--mpi", "-np", str(preset.np), sys.executable] + preset.job_argv(cell.dataset) + [
+        "--protocol", protocol, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"]
+    for a in protocol_args:
+        cmd += ["--protocol-arg", a]
+    return cmd
+
+
+def analyse_run(run_dir, solo):
+    """Figures of one finished run (see the module docstring of :mod:`hetsync.bench`).
+
+    Time to target counts from the end of rank 0's first (compiling) step, the same offset for
+    every protocol; the raw figure from ``summary.json`` is kept as ``time_to_target_raw_s``.
+
+    Args:
+        run_dir: str, the run's output folder. solo: dict from :func:`efficiency.measure_solo`
+            (``{"error": ...}`` if it failed: E is then None).
+
+    Returns:
+        dict of the run's figures (``time_to_target_s`` may be None: target not reached).
+
+    Raises:
+        FileNotFoundError / ValueError: missing or unusable outputs.
+    """
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        s = json.load(f)
+    rates = efficiency.run_rates(run_dir)
+    first = efficiency.read_jsonl(os.path.join(run_dir, "rank0.jsonl"))[0]["wall_s"]
+    target = s.get("target_accuracy")
+    curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
+    reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
+    return {
+        "time_to_target_s": reached[0] if reached else None,
+        "time_to_target_raw_s": s.get("time_to_target_s"),
+        "final_test_accuracy": s.get("final_test_accuracy"),
+        "steps_per_s": rates["steps_per_s"],
+        "samples_per_s": rates["samples_per_s"],
+        "per_rank_samples_per_s": [p["samples_per_s"] for p in rates["per_rank"]],
+        "rates_concurrent": rates["concurrent"], "rates_window_s": rates["window"],
+        "efficiency": (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
+                       if "samples_per_s" in solo else None),
+        "bsp_expected_efficiency": solo.get("bsp_expected_e"),
+        "steps": s.get("steps"), "wall_s": s.get("wall_s"), "weights_in_sync": s.get("weights_in_sync"),
+        "target_accuracy": target, "accuracy_curve": curve, "stats": s.get("stats", {}),
+    }
+
+
+def add_ratios(runs):
+    """Add ratios against BSP of the same seed and cell to every ok run, in place.
+
+    ``speedup_time_to_target`` = BSP's time to target / the run's (> 1: faster than BSP; None if
+    either missed the target); ``samples_per_s_ratio``, ``steps_per_s_ratio``, ``efficiency_ratio`` =
+    the run's / BSP's; ``accuracy_delta`` = run's final accuracy - BSP's (points of [0, 1]).
+    """
+    bsp = {(r["seed"], r["cell"]): r for r in runs if r["protocol"] == "bsp" and r["status"] == "ok"}
+    for r in runs:
+        base = bsp.get((r["seed"], r["cell"]))
+        if r["status"] != "ok" or base is None:
+            continue
+        t, tb = r["time_to_target_s"], base["time_to_target_s"]
+        r["speedup_time_to_target"] = tb / t if t and tb else None
+        for k in ("samples_per_s", "steps_per_s", "efficiency"):
+            r[f"{k}_ratio"] = r[k] / base[k] if r.get(k) and base.get(k) else None
+        r["accuracy_delta"] = r["final_test_accuracy"] - base["final_test_accuracy"]
+
+
+def _stats(values):
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "std": statistics.pstdev(vals), "n": len(vals)}
+
+
+AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "speedup_time_to_target", "samples_per_s_ratio",
+                        "steps_per_s_ratio", "efficiency_ratio", "accuracy_delta")
+
+
+def aggregate(runs):
+    """Median and spread over seeds for every (cell, protocol).
+
+    Returns:
+        list of dicts ``{"cell", "dataset", "scenario", "protocol", "runs", "failed", "reached_target",
+        FIELD: {"median", "min", "max", "std", "n"} or None}`` in the order cells and protocols first
+        appear.
+    """
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["cell"], r["protocol"]), []).append(r)
+    out = []
+    for (cell, proto), rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        row = {"cell": cell, "dataset": rs[0]["dataset"], "scenario": rs[0]["scenario"], "protocol": proto,
+               "runs": len(rs), "failed": len(rs) - len(ok),
+               "reached_target": sum(1 for r in ok if r["time_to_target_s"] is not None),
+               "not_concurrent": sum(1 for r in ok if r.get("rates_concurrent") is False)}
+        for k in AGG_FIELDS:
+            row[k] = _stats([r.get(k) for r in ok])
+        out.append(row)
+    return out
+
+
+def reanalyse(results, out_dir):
+    """Recompute every figure of ``results`` from the run folders on disk, in place, and return it.
+
+    Solo speeds are re-read from ``out_dir/solo/<cell>/rank*`` where those folders exist. Runs whose
+    folder is gone keep their stored figures.
+    """
+    for cell, solo in results["solo"].items():
+        folder = os.path.join(out_dir, "solo", _slug(cell))
+        n = len(solo.get("samples_per_s", ()))
+        if n and all(os.path.isfile(os.path.join(folder, f"rank{r}", "summary.json")) for r in range(n)):
+            rates = [efficiency.run_rates(os.path.join(folder, f"rank{r}")) for r in range(n)]
+            solo["samples_per_s"] = [rt["samples_per_s"] for rt in rates]
+            solo["steps_per_s"] = [rt["steps_per_s"] for rt in rates]
+            solo["bsp_expected_e"] = efficiency.bsp_expected_efficiency(solo["samples_per_s"])
+    for r in results["runs"]:
+        if r["status"] == "ok" and os.path.isfile(os.path.join(r["out"], "summary.json")):
+            r.update(analyse_run(r["out"], results["solo"][r["cell"]]))
+    add_ratios(results["runs"])
+    results["aggregate"] = aggregate(results["runs"])
+    return results
+
+
+def machine_description():
+    """dict describing this machine and software (CPU model, cores, memory, OS, versions, load)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    versions = {}
+    for mod in ("tensorflow", "keras", "horovod", "mpi4py"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001 - report, never fail the benchmark over a version string
+            versions[mod] = f"unavailable ({type(exc).__name__})"
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "os": platform.platform(),
+            "python": platform.python_version(), "versions": versions,
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, log=print):
+    """Run the whole matrix and return the results dict (also written to ``out_dir/results.json``).
+
+    Args:
+        preset: :class:`Preset` (validated here). protocols: list of protocol names; must contain
+            "bsp" (the reference of every ratio). out_dir: str output folder.
+        protocol_args: dict protocol -> list of ``"KEY=VALUE"`` (passed as ``--protocol-arg``).
+        progress: bool, show a tqdm bar. log: callable(str) for messages.
+
+    Returns:
+        dict with ``preset``, ``protocols``, ``machine``, ``command``, ``solo`` (cell -> solo dict),
+        ``runs`` (list of per-run dicts), ``aggregate`` (see :func:`aggregate`), ``wall_s``.
+
+    A failed run or solo measurement is recorded (``status``/``error``) and logged; the matrix goes on.
+
+    Raises:
+        ValueError: bad preset, or "bsp" missing from ``protocols``.
+    """
+    from tqdm import tqdm
+
+    preset.validate()
+    if "bsp" not in protocols:
+        raise ValueError(f"the protocol list must include 'bsp' (every ratio is against it), got {protocols}")
+    protocol_args = protocol_args or {}
+    os.makedirs(out_dir, exist_ok=True)
+    order = plan(preset, list(protocols))
+    t0 = time.time()
+    results = {"preset": _preset_dict(preset), "protocols": list(protocols), "machine": machine_description(),
+               "command": " ".join(shlex.quote(a) for a in ["hetsync-bench"] + sys.argv[1:]),
+               "solo": {}, "runs": []}
+    bar = tqdm(total=len(order) + len(preset.cells), desc=f"hetsync-bench {preset.name}", unit="launch",
+               disable=not progress, file=sys.stderr)
+    try:
+        for seed, cell, proto in order:
+            if cell.key not in results["solo"]:
+                bar.set_postfix_str(f"solo speeds {cell.key}")
+                solo_dir = os.path.join(out_dir, "solo", _slug(cell.key))
+                try:
+                    results["solo"][cell.key] = efficiency.measure_solo(
+                        preset.job_argv(cell.dataset, SOLO_EPOCHS_FACTOR), cell.scenario, preset.np, solo_dir,
+                        cwd=ROOT, env=_env(), timeout_s=preset.timeout_s)
+                except (efficiency.SoloError, OSError, ValueError) as exc:
+                    # keep going: the cell's runs still give every figure but E (reported as missing)
+                    results["solo"][cell.key] = {"error": str(exc)[-3000:]}
+                    log(f"solo measurement FAILED for {cell.key} (E will be missing): {str(exc)[:500]}")
+                bar.update(1)
+            bar.set_postfix_str(f"seed {seed} {cell.key} {proto}")
+            run_dir = os.path.join(out_dir, "runs", f"seed{seed}", _slug(cell.key), proto)
+            results["runs"].append(_one_run(preset, seed, cell, proto, run_dir, protocol_args.get(proto, ()),
+                                            results["solo"][cell.key], log))
+            bar.update(1)
+    finally:
+        bar.close()
+    add_ratios(results["runs"])
+    results["aggregate"] = aggregate(results["runs"])
+    results["wall_s"] = time.time() - t0
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    return results
+
+
+def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
+    cmd = launch_command(preset, seed, cell, proto, run_dir, proto_args)
+    rec = {"protocol": proto, "seed": seed, "cell": cell.key, "dataset": cell.dataset, "scenario": cell.scenario,
+           "np": preset.np, "out": run_dir, "command": " ".join(shlex.quote(a) for a in cmd)}
+    os.makedirs(run_dir, exist_ok=True)
+    t = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=preset.timeout_s)
+        output = proc.stdout + proc.stderr
+        failed = f"exited {proc.returncode}" if proc.returncode != 0 else None
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        failed = f"timed out after {preset.timeout_s:.0f} s"
+    rec["launch_s"] = time.time() - t
+    with open(os.path.join(run_dir, "launch.log"), "w") as f:
+        f.write(rec["command"] + "\n" + output)
+    if failed is None:
+        try:
+            rec.update(analyse_run(run_dir, solo))
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            failed = f"unusable output: {type(exc).__name__}: {exc}"
+    rec["status"] = "ok" if failed is None else "failed"
+    if failed:
+        rec["error"] = f"{failed}; see {os.path.join(run_dir, 'launch.log')}\n{output[-1500:]}"
+        log(f"run FAILED: {proto} seed {seed} {cell.key}: {failed} (log: {run_dir}/launch.log)")
+    return rec
+
+
+def _slug(text):
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
+def _preset_dict(preset):
+    d = dataclasses.asdict(preset)
+    d["cells"] = [c.key for c in preset.cells]
+    d["cell_seeds"] = {c.key: list(preset.cell_seeds(c)) for c in preset.cells}
+    d["seeds"] = sorted({s for c in preset.cells for s in preset.cell_seeds(c)})
+    return d

@@ -1,0 +1,60 @@
+"""The Markdown tables of a benchmark: one row per (data set, scenario, protocol), medians over seeds."""
+from tabulate import tabulate
+
+__all__ = ["markdown_table", "micro_table", "HEADERS"]
+
+HEADERS = ["data/scenario", "protocol", "time to target s", "speed-up vs BSP", "final acc", "acc - BSP",
+           "steps/s", "samples/s", "E", "E (BSP expected)", "reached"]
+
+
+def _cell(stat, spec, suffix=""):
+    """``median`` or ``median (min-max)`` when there are several seeds; "-" when missing."""
+    if not stat:
+        return "-"
+    med = format(stat["median"], spec) + suffix
+    if stat["n"] > 1 and stat["max"] != stat["min"]:
+        return f"{med} ({format(stat['min'], spec)}-{format(stat['max'], spec)})"
+    return med
+
+
+def markdown_table(results):
+    """Return the GitHub-Markdown table (str) of ``results["aggregate"]``.
+
+    Every figure is the median over seeds with the min-max spread in brackets; ratios are against
+    BSP from the same seed and scenario; "reached" counts runs that reached the target accuracy.
+    """
+    rows = []
+    for a in results["aggregate"]:
+        reached = f"{a['reached_target']}/{a['runs']}" + (f" ({a['failed']} failed)" if a["failed"] else "")
+        rows.append([a["cell"], a["protocol"], _cell(a["time_to_target_s"], ".2f"),
+                     _cell(a["speedup_time_to_target"], ".2f", "x"), _cell(a["final_test_accuracy"], ".3f"),
+                     _cell(a["accuracy_delta"], "+.3f"), _cell(a["steps_per_s"], ".1f"),
+                     _cell(a["samples_per_s"], ".0f"),
+                     _cell(a["efficiency"], ".2f") + ("*" if a.get("not_concurrent") else ""),
+                     _cell(a["bsp_expected_efficiency"], ".2f"), reached])
+    text = tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True)
+    if any(a.get("not_concurrent") for a in results["aggregate"]):
+        text += ("\n\n\\* in some seeds the ranks never trained at the same time (e.g. one finished before "
+                 "another left its warm-up); their speeds count idle time over the whole span, a lower bound.")
+    return text
+
+
+def micro_table(micro):
+    """Return the GitHub-Markdown table (str) of op microbenchmarks (``micro["ops"]`` of
+    :func:`hetsync.bench.micro.run_all`), then the RNA initiator simulation's table if it ran."""
+    rows = []
+    for m in micro["ops"]:
+        if m.get("skipped"):
+            rows.append([m["name"], "skipped", "-", "-", m["skipped"]])
+        else:
+            rows.append([m["name"], f"{m['op_us']:.1f} us", f"{m['reference_us']:.1f} us", f"{m['ratio']:.3g}x",
+                         m.get("note", "")])
+    text = tabulate(rows, headers=["benchmark", "op (median)", "reference (median)", "op / reference", "note"],
+                    tablefmt="github", disable_numparse=True)
+    sim = micro.get("sim") or {}
+    if sim.get("skipped"):
+        text += f"\n\nRNA initiator simulation: skipped ({sim['skipped']})."
+    elif sim.get("rows"):
+        text += "\n\n" + sim.get("title", "RNA initiator simulation") + "\n\n" + tabulate(
+            sim["rows"], headers=sim["headers"], tablefmt="github", disable_numparse=True)
+    return text

@@ -1,0 +1,241 @@
+"""hetsync.bench: E's formula and solo measurement, the figures of a run, and the quick preset end to end."""
+import json
+import os
+
+import pytest
+
+from conftest import PY, ROOT, _env, read_json, read_jsonl
+
+from hetsync.bench import efficiency, matrix, readme, table
+
+
+# --- E's formula and the steady-state speed, on synthetic numbers -------------------------------------
+
+def test_efficiency_formula_and_bsp_expectation():
+    v = [100.0, 100.0, 100.0, 50.0]  # speeds:1,1,1,0.5
+    assert efficiency.efficiency(350.0, v) == pytest.approx(1.0)
+    assert efficiency.efficiency(175.0, v) == pytest.approx(0.5)
+    assert efficiency.bsp_expected_efficiency(v) == pytest.approx(4 * 50 / 350)
+    assert efficiency.bsp_expected_efficiency([7.0, 7.0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="solo speeds"):
+        efficiency.efficiency(1.0, [1.0, 0.0])
+    with pytest.raises(ValueError, match="measured"):
+        efficiency.efficiency(0.0, [1.0])
+
+
+def _records(step_s, epochs, steps_per_epoch, gap_s=0.5, warmup_s=3.0):
+    """Per-step records: every step takes step_s, plus gap_s between epochs and warmup_s on step 0."""
+    recs, t = [], warmup_s
+    for e in range(epochs):
+        for k in range(steps_per_epoch):
+            t += step_s + (gap_s if k == 0 and e > 0 else 0.0)
+            recs.append({"step": len(recs), "epoch": e, "wall_s": t, "step_ms": step_s * 1e3,
+                         "compute_ms": step_s * 400, "delay_ms": step_s * 300, "sync_wait_ms": step_s * 200})
+    return recs
+
+
+def test_steady_rate_skips_warmup_and_epoch_boundaries():
+    steps, samples = efficiency.steady_rate(_records(0.01, epochs=4, steps_per_epoch=10), samples_per_step=32)
+    assert steps == pytest.approx(100.0) and samples == pytest.approx(3200.0)
+    with pytest.raises(ValueError, match="measurable steps"):
+        efficiency.steady_rate(_records(0.01, epochs=1, steps_per_epoch=3), 32)
+
+
+def test_solo_spec_drops_network_latency_only():
+    assert efficiency.solo_spec("speeds:1,1,1,0.5+netdelay:50") == "speeds:1,1,1,0.5"
+    assert efficiency.solo_spec("netdelay:50") == "none"
+    assert efficiency.solo_spec("random:6") == "random:6"
+    with pytest.raises(ValueError, match="unknown slowdown scenario"):
+        efficiency.solo_spec("sometimes:3")
+
+
+def _fake_run(path, step_s_per_rank, samples_per_step=32, epochs=4, steps_per_epoch=10, target=0.9, late_s=()):
+    """A run folder with known per-rank speeds, as SyncMetrics and the example write it
+    (rank r's warm-up lasts ``3 + late_s[r]`` seconds)."""
+    os.makedirs(path, exist_ok=True)
+    per_rank = []
+    for r, step_s in enumerate(step_s_per_rank):
+        recs = _records(step_s, epochs, steps_per_epoch, warmup_s=3.0 + (late_s[r] if r < len(late_s) else 0.0))
+        with open(os.path.join(path, f"rank{r}.jsonl"), "w") as f:
+            f.writelines(json.dumps(x) + "\n" for x in recs)
+        per_rank.append({"rank": r, "steps": len(recs), "samples": len(recs) * samples_per_step})
+    curve = [{"step": 10, "epoch": 0, "wall_s": 3.2, "accuracy": 0.5},
+             {"step": 20, "epoch": 1, "wall_s": 4.0, "accuracy": 0.92}]
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"per_rank": per_rank, "target_accuracy": target, "accuracy_curve": curve,
+                   "final_test_accuracy": 0.92, "time_to_target_s": 4.0, "steps": epochs * steps_per_epoch,
+                   "wall_s": 9.0}, f)
+
+
+def test_e_of_a_synthetic_run_with_known_speeds(tmp_path):
+    # ranks step every 10 ms and 20 ms: 3200 and 1600 samples/s; alone they would do 3200 and 3200.
+    _fake_run(str(tmp_path / "run"), [0.01, 0.02])
+    for r, step_s in enumerate([0.01, 0.01]):
+        _fake_run(str(tmp_path / "solo" / f"rank{r}"), [step_s])
+    solo_rates = [efficiency.run_rates(str(tmp_path / "solo" / f"rank{r}")) for r in range(2)]
+    v = [s["samples_per_s"] for s in solo_rates]
+    assert v == pytest.approx([3200.0, 3200.0])
+    solo = {"samples_per_s": v, "bsp_expected_e": efficiency.bsp_expected_efficiency(v)}
+    fig = matrix.analyse_run(str(tmp_path / "run"), solo)
+    assert fig["samples_per_s"] == pytest.approx(4800.0)
+    assert fig["per_rank_samples_per_s"] == pytest.approx([3200.0, 1600.0])
+    assert fig["steps_per_s"] == pytest.approx(75.0)  # mean of 100 and 50 steps/s
+    assert fig["efficiency"] == pytest.approx(0.75)
+    assert fig["bsp_expected_efficiency"] == pytest.approx(1.0)
+    # time to target counts from the end of rank 0's first step (3.01 s)
+    assert fig["time_to_target_s"] == pytest.approx(4.0 - 3.01)
+    assert fig["final_test_accuracy"] == 0.92
+    assert fig["rates_concurrent"] is True
+    lo, hi = fig["rates_window_s"]
+    assert lo == pytest.approx(3.0 + 10 * 0.02 + 0.5 + 0.02) and hi == pytest.approx(3.0 + 40 * 0.01 + 3 * 0.5)
+
+
+def test_ranks_that_never_overlap_fall_back_to_their_own_steady_state(tmp_path):
+    _fake_run(str(tmp_path / "run"), [0.01, 0.02], late_s=(0.0, 10.0))  # rank 1 starts after rank 0 ended
+    rates = efficiency.run_rates(str(tmp_path / "run"))
+    assert rates["concurrent"] is False and rates["window"] is None
+    # 27 measured steps each, over the span from rank 0's warm-up end (3.61 s) to rank 1's last step
+    span = (13.0 + 40 * 0.02 + 3 * 0.5) - (3.0 + 10 * 0.01 + 0.5 + 0.01)
+    assert [p["samples_per_s"] for p in rates["per_rank"]] == pytest.approx([27 * 32 / span] * 2)
+    assert rates["samples_per_s"] < 3200 + 1600  # a lower bound, never more than each rank alone
+
+
+def test_ratios_against_bsp_of_the_same_seed_and_cell():
+    def run(proto, seed, ttt, sps, e, acc):
+        return {"protocol": proto, "seed": seed, "cell": "digits/random:6", "dataset": "digits",
+                "scenario": "random:6", "status": "ok", "time_to_target_s": ttt, "samples_per_s": sps,
+                "steps_per_s": sps / 32, "efficiency": e, "final_test_accuracy": acc, "bsp_expected_efficiency": 0.5}
+    runs = [run("bsp", 0, 10.0, 1000.0, 0.4, 0.90), run("rna", 0, 5.0, 2000.0, 0.8, 0.91),
+            run("bsp", 1, 8.0, 1000.0, 0.5, 0.92), run("rna", 1, None, 1500.0, 0.75, 0.88)]
+    matrix.add_ratios(runs)
+    assert runs[1]["speedup_time_to_target"] == pytest.approx(2.0)
+    assert runs[1]["samples_per_s_ratio"] == pytest.approx(2.0)
+    assert runs[1]["efficiency_ratio"] == pytest.approx(2.0)
+    assert runs[3]["speedup_time_to_target"] is None  # target missed: no ratio
+    assert runs[3]["accuracy_delta"] == pytest.approx(-0.04)
+    agg = {a["protocol"]: a for a in matrix.aggregate(runs)}
+    assert agg["rna"]["efficiency"]["median"] == pytest.approx(0.775)
+    assert agg["rna"]["efficiency"]["min"] == 0.75 and agg["rna"]["efficiency"]["max"] == 0.8
+    assert agg["rna"]["reached_target"] == 1 and agg["bsp"]["reached_target"] == 2
+    assert "0.78 (0.75-0.80)" in table.markdown_table({"aggregate": list(agg.values())})
+
+
+def test_plan_interleaves_and_rotates_protocols():
+    p = matrix.Preset("t", np=2, cells=(matrix.parse_cell("random:3"), matrix.parse_cell("mnist/none")),
+                      seeds=(0, 1), epochs={"digits": 1, "mnist": 1})
+    order = matrix.plan(p, ["bsp", "a", "b"])
+    assert len(order) == 12
+    assert [x[2] for x in order[:6]] == ["bsp", "a", "b", "a", "b", "bsp"]
+    assert {(s, c.key) for s, c, _ in order} == {(s, c) for s in (0, 1) for c in ("digits/random:3", "mnist/none")}
+    with pytest.raises(ValueError, match="does not fit 2 ranks"):
+        matrix.Preset("t", np=2, cells=(matrix.parse_cell("speeds:1,1,1,0.5"),), seeds=(0,),
+                      epochs={"digits": 1}).validate()
+    with pytest.raises(ValueError, match="unknown data set"):
+        matrix.parse_cell("cifar/none")
+
+
+# --- the solo measurement, for real ---------------------------------------------------------------
+
+def test_solo_measurement_draws_the_scenario_as_each_rank_without_netdelay(tmp_path):
+    env = _env()
+    job = [os.path.join(ROOT, "examples", "keras_digits.py"), "--epochs", "3", "--lr", "0.2"]
+    solo = efficiency.measure_solo(job, "deterministic:1:8+netdelay:200", 2, str(tmp_path), python=PY, cwd=ROOT,
+                                   env=env, timeout_s=300)
+    assert solo["spec"] == "deterministic:1:8"
+    v = solo["samples_per_s"]
+    assert len(v) == 2 and all(x > 0 for x in v)
+    assert solo["bsp_expected_e"] == pytest.approx(2 * min(v) / sum(v))
+    recs = [read_jsonl(tmp_path / f"rank{r}" / "rank0.jsonl")[15:] for r in range(2)]
+    for r in range(2):
+        s = read_json(tmp_path / f"rank{r}" / "summary.json")
+        assert s["scenario"] == "deterministic:1:8" and s["world_size"] == 1
+        assert s["per_rank"][0]["samples"] == 3 * (1437 // 2)  # rank r's shard of the 1437 training images
+        assert all(x["sync_wait_ms"] < 50 for x in recs[r])  # no 200 ms network latency alone
+    assert all(x["delay_ms"] == 0.0 for x in recs[0])  # rank 0 is not the straggler
+    delay = sum(x["delay_ms"] for x in recs[1])
+    compute = sum(x["compute_ms"] for x in recs[1])
+    assert delay == pytest.approx(7 * compute, rel=0.05)  # (K - 1) x compute, as rank 1 of 2
+    assert v[1] < v[0]
+
+
+def test_failed_solo_measurement_raises_with_the_output(tmp_path):
+    with pytest.raises(efficiency.SoloError, match="no_such_job.py"):
+        efficiency.measure_solo([str(tmp_path / "no_such_job.py")], "none", 1, str(tmp_path), python=PY, cwd=ROOT,
+                                env=_env(), timeout_s=120)
+
+
+# --- the quick preset, end to end, on 2 ranks with tiny settings ---------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.timeout(1500)  # one launch per registered protocol; slow when other jobs share the cores
+def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
+    import subprocess
+
+    import hetsync.protocols
+
+    out = tmp_path / "bench"
+    fake_readme = tmp_path / "README.md"
+    fake_readme.write_text("# hetsync\n\nintro\n\n## Results\n\n" + readme.BEGIN + "\nold\n" + readme.END
+                           + "\n\n## After\n")
+    cmd = [PY, "-m", "hetsync.bench", "--preset", "quick", "--np", "2", "--scenario", "digits/random:3",
+           "--epochs", "2", "--seeds", "0", "--micro-repeats", "3", "--no-progress", "--out", str(out),
+           "--update-readme", "--readme", str(fake_readme)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    res = read_json(out / "results.json")
+    protocols = sorted(hetsync.protocols.WRAPPERS)
+    assert sorted(res["protocols"]) == protocols and res["protocols"][0] == "bsp"
+    assert len(res["runs"]) == len(protocols)
+    solo = res["solo"]["digits/random:3"]
+    assert len(solo["samples_per_s"]) == 2 and min(solo["samples_per_s"]) > 0
+    for r in res["runs"]:
+        assert r["status"] == "ok", r.get("error")
+        assert r["np"] == 2 and r["seed"] == 0 and r["scenario"] == "random:3"
+        assert 0 < r["efficiency"] <= 1.2, (r["protocol"], r["efficiency"])
+        assert 0 < r["bsp_expected_efficiency"] <= 1.0
+        assert 0 <= r["final_test_accuracy"] <= 1
+        assert all(0 <= p["accuracy"] <= 1 for p in r["accuracy_curve"])
+        assert r["steps_per_s"] > 0 and r["samples_per_s"] > 0 and len(r["per_rank_samples_per_s"]) == 2
+        assert r["time_to_target_s"] is None or r["time_to_target_s"] >= 0
+        for k in ("samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio"):
+            assert r[k] > 0, (r["protocol"], k)
+        assert r["speedup_time_to_target"] is None or r["speedup_time_to_target"] > 0
+        assert "horovodrun --mpi -np 2" in r["command"]
+        assert isinstance(r["rates_concurrent"], bool)
+    bsp = next(r for r in res["runs"] if r["protocol"] == "bsp")
+    assert bsp["samples_per_s_ratio"] == 1.0 and bsp["efficiency_ratio"] == 1.0
+    assert {a["protocol"] for a in res["aggregate"]} == set(protocols)
+    for a in res["aggregate"]:
+        assert a["efficiency"]["n"] == 1 and a["failed"] == 0
+    md = (out / "results.md").read_text()
+    for p in protocols:
+        assert f"| digits/random:3 | {p} " in md
+    for png in ("accuracy_vs_time.png", "timeline_digits_random_3.png"):
+        data = (out / "plots" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    micro = read_json(out / "micro.json")
+    assert micro["sim"].get("rows") or micro["sim"].get("skipped")
+    delay = micro["ops"][0]
+    assert delay["name"].startswith("delay op") and delay["op_us"] > 0 and delay["ratio"] > 0
+    text = fake_readme.read_text()
+    assert text.count(readme.BEGIN) == 1 and text.count(readme.END) == 1 and "\nold\n" not in text
+    assert text.startswith("# hetsync\n\nintro\n") and text.rstrip().endswith("## After")
+    assert "| digits/random:3 | bsp " in text
+    assert "![test accuracy vs wall-clock](docs/bench/accuracy_vs_time.png)" in text
+    assert (tmp_path / "docs" / "bench" / "accuracy_vs_time.png").exists()
+
+
+def test_cli_rejects_bad_values_before_running(capsys):
+    from hetsync.bench.__main__ import parse_args
+
+    for args, msg in ((["--protocols", "bsp,nope"], "unknown protocol 'nope'"),
+                      (["--np", "2", "--scenario", "speeds:1,1,1,0.5"], "does not fit 2 ranks"),
+                      (["--protocol-arg", "bsp=1"], "PROTO:KEY=VALUE"),
+                      (["--protocol-arg", "bsp:nope=1"], "takes no argument 'nope'"),
+                      (["--epochs", "0"], "--epochs must be positive")):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(args)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err, args
+    args, preset, names, _ = parse_args(["--np", "2", "--scenario", "mnist/random:3", "--seeds", "3,4"])
+    assert names[0] == "bsp" and preset.np == 2 and preset.seeds == (3, 4)
+    assert preset.cells == (matrix.Cell("mnist", "random:3"),)
