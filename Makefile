@@ -4,7 +4,7 @@ PY := .venv/bin/python
 HOROVODRUN := .venv/bin/horovodrun
 STAMP := .venv/.hetsync-deps
 NP ?= 4
-PROTOCOLS ?= bsp
+PROTOCOLS ?= bsp rna
 SLOWDOWN ?= random:6
 EPOCHS ?= 30
 RUN_OUT ?= runs/main
@@ -13,7 +13,7 @@ export TF_NUM_INTRAOP_THREADS ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: deps run test build clean
+.PHONY: deps run test build clean bench bench-quick
 deps: $(STAMP)
 
 # Idempotent: scripts/deps.sh checks before it acts; rerun when what it installs changes.
@@ -35,6 +35,15 @@ run: deps
 	    --dataset digits --model mlp --epochs $(EPOCHS) --target-accuracy 0.9 --out $(RUN_OUT)/$$p; \
 	done
 	$(PY) -m hetsync.report $(RUN_OUT)
+
+# Benchmark suite (hetsync.bench): every registered protocol x scenarios x seeds, real horovodrun launches.
+# `bench` is the report (about 25 min on a quiet machine, see `--dry-run`; rewrites the README's Results
+# section); `bench-quick` a smoke check (about 4 min).
+bench: deps
+	$(PY) -m hetsync.bench --preset full --update-readme --out runs/bench-full
+
+bench-quick: deps
+	$(PY) -m hetsync.bench --preset quick --out runs/bench-quick
 
 test: deps
 	$(PY) -m pytest -q -ra

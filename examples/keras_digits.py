@@ -53,9 +53,20 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (default: per epoch)")
     p.add_argument("--slowdown", default="none", help="straggler scenario spec, e.g. random:6, speeds:1,1,1,0.5")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--partition", default="iid", help="training data split over ranks: iid (the protocol's own "
+                   "order) or label-skew:K (non-IID: each rank holds the samples of K labels)")
     p.add_argument("--out", default="runs/latest", help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--as-rank", type=int, default=None, metavar="R",
+                   help="solo-speed measurement (one process, no launcher): train alone on rank R's data shard "
+                        "with the scenario drawn as for rank R of --as-world-size ranks")
+    p.add_argument("--as-world-size", type=int, default=None, metavar="N", help="world size for --as-rank")
     args = p.parse_args(argv)
+    if (args.as_rank is None) != (args.as_world_size is None):
+        p.error("--as-rank and --as-world-size go together")
+    if args.as_world_size is not None and not (args.as_world_size >= 1 and 0 <= args.as_rank < args.as_world_size):
+        p.error(f"--as-rank must be in [0, --as-world-size) with --as-world-size >= 1, "
+                f"got {args.as_rank} and {args.as_world_size}")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -78,10 +89,17 @@ def main(argv=None):
     # Everything the user can get wrong is checked here, before any training.
     try:
         proto_kwargs = hetsync.protocols.parse_protocol_args(args.protocol, args.protocol_arg)
-        slowdown = hetsync.callbacks.Slowdown(args.slowdown, seed=args.seed)
+        hetsync.partition.parse_partition(args.partition)
+        if args.as_rank is not None and size != 1:
+            raise ValueError(f"--as-rank runs one process alone; launched with {size} ranks")
+        slowdown = hetsync.callbacks.Slowdown(args.slowdown, seed=args.seed, rank=args.as_rank,
+                                              world_size=args.as_world_size)
         ds = hetsync.data.load(args.dataset, args.data_dir, seed=args.seed)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    if args.as_rank is not None:  # solo: this process stands for rank R of N, on R's shard
+        ds.x_train, ds.y_train = hetsync.data.shard(ds.x_train, ds.y_train, args.as_rank, args.as_world_size,
+                                                    seed=args.seed)
 
     model = build_model(args.model, ds.input_shape, ds.num_classes, args.seed)
     opt = hetsync.protocols.get_wrapper(args.protocol)(keras.optimizers.SGD(args.lr), **proto_kwargs)  # hetsync
@@ -92,14 +110,16 @@ def main(argv=None):
     metrics = hetsync.callbacks.SyncMetrics(args.out, opt)
     callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [accuracy, metrics]  # hetsync
     t0 = time.time()
-    fit_data = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, args.batch_size, seed=args.seed)
+    fit_data = hetsync.partition.local_fit_data(opt.hetsync_protocol, ds.x_train, ds.y_train, args.batch_size,
+                                                seed=args.seed, partition=args.partition)
     model.fit(**fit_data, epochs=args.epochs, callbacks=callbacks, verbose=1 if (rank == 0 and not args.quiet) else 0)
     wall = time.time() - t0
 
     diff = hetsync.transport.max_abs_difference_across_ranks(model.trainable_variables)
     samples = sum(r["samples"] for r in metrics.per_rank)
     summary = metrics.write_summary(
-        dataset=args.dataset, model=args.model, scenario=slowdown.scenario.spec, epochs=args.epochs,
+        dataset=args.dataset, partition=args.partition, model=args.model, scenario=slowdown.scenario.spec,
+        epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, target_accuracy=args.target_accuracy,
         fit_wall_s=wall, time_to_target_s=accuracy.time_to_target_s, final_test_accuracy=accuracy.final_accuracy,
         accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"],

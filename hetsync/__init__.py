@@ -19,6 +19,10 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import callbacks, data, ops, protocols, slowdown, transport  # noqa: E402
 from .protocols import BSP, Protocol  # noqa: E402
+from .protocols import RNA  # noqa: E402
+from .protocols import FedAvg, LocalSGD, SelSync  # noqa: E402
+from .protocols import TaskAllocation  # noqa: E402
+from . import partition  # noqa: E402
 from .runtime import init, launch_mode, local_rank, local_size, mpi_enabled, rank, shutdown, size  # noqa: E402
 
 __version__ = "0.1.0"
@@ -27,3 +31,6 @@ __all__ = [
     "init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown",
     "BSP", "Protocol", "callbacks", "data", "ops", "protocols", "slowdown", "transport",
 ]
+__all__ += ["SelSync", "FedAvg", "LocalSGD", "partition"]
+__all__ += ["TaskAllocation"]
+__all__ += ["RNA"]

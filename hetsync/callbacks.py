@@ -25,8 +25,11 @@ log = logging.getLogger("hetsync")
 class BroadcastInitialVariables(keras.callbacks.Callback):
     """Make every rank start from ``root_rank``'s weights (and optimizer state).
 
-    Model weights are broadcast at ``on_train_begin``; optimizer variables (built lazily by
-    Keras 3 on the first step) after the first batch, as horovod's callback does on Keras 2.
+    Model weights and optimizer variables are broadcast at ``on_train_begin``: the optimizer
+    (built lazily by Keras 3 on the first step) is built there first, so per-rank optimizer
+    state of protocols with local steps (SelSync, local SGD, ...) is never overwritten after
+    step 1. If the model has no variables yet, the optimizer variables are broadcast after the
+    first batch instead, as horovod's callback does on Keras 2.
 
     Args:
         root_rank: int in [0, world size), the rank whose values win.
@@ -44,6 +47,12 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         transport.broadcast_variables(self.model.variables, self.root_rank, name="hetsync_bcast_model")
+        opt = self.model.optimizer
+        if opt is not None and not opt.built and self.model.trainable_variables:
+            opt.build(self.model.trainable_variables)
+        if opt is not None and opt.built:
+            self._optimizer_done = True
+            transport.broadcast_variables(list(opt.variables), self.root_rank, name="hetsync_bcast_opt")
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._optimizer_done:
@@ -78,7 +87,8 @@ class Slowdown(keras.callbacks.Callback):
 
     Each step it draws this rank's ``(factor K, extra_ms)`` from the seeded scenario and stamps
     the step's start time into :func:`hetsync.slowdown.step_control`; inside the compiled step the
-    delay op holds the gradients back for (K - 1) x compute time + extra_ms. ``netdelay:MS`` sets
+    delay op holds the gradients back for (K - 1) x compute time + extra_ms. The first step of
+    each ``fit`` (tracing and compilation) is not slowed. ``netdelay:MS`` sets
     :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
 
     Put it *first* in the callback list so the stamped start time excludes other callbacks.
@@ -86,26 +96,45 @@ class Slowdown(keras.callbacks.Callback):
     Args:
         spec: str slowdown spec (see :func:`hetsync.slowdown.parse_spec`) or a parsed Scenario.
         seed: int, seeds the per-rank generator ``default_rng([seed, rank])``.
+        rank, world_size: optional ints to draw the scenario *as* rank ``rank`` of a world of
+            ``world_size`` ranks instead of this process's own rank and world size (both or
+            neither). Used to measure one rank's solo speed under a scenario
+            (:mod:`hetsync.bench.efficiency`).
 
     Raises:
-        ValueError: bad spec, or a spec that does not fit the world size (checked at construction,
-            before training starts).
+        ValueError: bad spec, a spec that does not fit the world size, or ``rank`` outside
+            [0, world_size) (checked at construction, before training starts).
     """
 
-    def __init__(self, spec, seed=0):
+    def __init__(self, spec, seed=0, rank=None, world_size=None):
         super().__init__()
         self.scenario = spec if isinstance(spec, slowdown.Scenario) else slowdown.parse_spec(spec)
-        self.scenario.validate(runtime.size())
-        self.rank, self.world_size = runtime.rank(), runtime.size()
+        if (rank is None) != (world_size is None):
+            raise ValueError(f"Slowdown: give both rank and world_size or neither, got rank={rank!r}, "
+                             f"world_size={world_size!r}")
+        if world_size is not None and (not isinstance(world_size, int) or world_size < 1
+                                       or not isinstance(rank, int) or not 0 <= rank < world_size):
+            raise ValueError(f"Slowdown: need an int world_size >= 1 and an int rank in [0, world_size), "
+                             f"got rank={rank!r}, world_size={world_size!r}")
+        self.rank = runtime.rank() if rank is None else rank
+        self.world_size = runtime.size() if world_size is None else world_size
+        self.scenario.validate(self.world_size)
         self._rng = self.scenario.rng(seed, self.rank)
         self._step = slowdown.step_control()
         self._sync = slowdown.sync_control()
 
     def on_train_begin(self, logs=None):
+        self._first = True
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
 
     def on_train_batch_begin(self, batch, logs=None):
         factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
+        if self._first:
+            # The first step of a fit mostly traces and compiles the step function; slowing it
+            # K times would inject seconds that no real slower device would add. The draw is
+            # still consumed so the per-rank sequence of later steps does not depend on this.
+            self._first = False
+            factor, extra_ms = 1.0, 0.0
         self._step.assign([time.time(), factor, extra_ms])
 
     def on_train_end(self, logs=None):
@@ -128,7 +157,9 @@ class TestAccuracy(keras.callbacks.Callback):
     Attributes (after training, meaningful on rank 0):
         curve: list of dicts ``{"step", "epoch", "wall_s", "accuracy"}``.
         time_to_target_s: float seconds, or None if the target was never reached.
-        final_accuracy: float, accuracy at the end of training.
+        final_accuracy: float, accuracy of the model as ``fit`` leaves it (evaluated at
+            ``on_train_end``, after callbacks placed before this one, such as the protocol's
+            stop hook, have run).
 
     Raises:
         ValueError: ``target`` outside (0, 1] or ``every_steps`` not a positive int.
@@ -179,6 +210,12 @@ class TestAccuracy(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not (self.every_steps and self._steps % self.every_steps == 0):
             self._evaluate()
+
+    def on_train_end(self, logs=None):
+        # Protocols may change the model when they stop (RNA's final parameter average), so the
+        # final accuracy is taken again here; the curve keeps the in-training points only.
+        if self._is_root:
+            self.final_accuracy = self.accuracy()
 
 
 class SyncMetrics(keras.callbacks.Callback):

@@ -8,12 +8,23 @@ import inspect
 
 from .base import Protocol, protocol_of, wrap
 from .bsp import BSP, BSPProtocol
+from .rna import RNA, RNAProtocol
+from .fedavg import FedAvg, FedAvgProtocol
+from .localsgd import LocalSGD, LocalSGDProtocol
+from .selsync import SelSync, SelSyncProtocol
+from .taskalloc import TaskAllocation, TaskAllocationProtocol
 
 __all__ = ["Protocol", "wrap", "protocol_of", "BSP", "BSPProtocol", "WRAPPERS", "get_wrapper", "parse_protocol_args",
            "from_cli"]
 
 #: lowercase name -> wrapper function ``(optimizer, **kwargs) -> optimizer``.
 WRAPPERS = {"bsp": BSP}
+WRAPPERS["rna"] = RNA
+__all__ += ["RNA", "RNAProtocol"]
+WRAPPERS.update({"selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD})
+__all__ += ["SelSync", "SelSyncProtocol", "FedAvg", "FedAvgProtocol", "LocalSGD", "LocalSGDProtocol"]
+WRAPPERS["taskalloc"] = TaskAllocation
+__all__ += ["TaskAllocation", "TaskAllocationProtocol"]
 
 
 def get_wrapper(name):
