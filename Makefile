@@ -37,7 +37,7 @@ run: deps
 	$(PY) -m hetsync.report $(RUN_OUT)
 
 # Benchmark suite (hetsync.bench): every registered protocol x scenarios x seeds, real horovodrun launches.
-# `bench` is the report (about 25 min on a quiet machine, see `--dry-run`; rewrites the README's Results
+# `bench` is the report (about 15 min on a quiet machine, see `--dry-run`; rewrites the README's Results
 # section); `bench-quick` a smoke check (about 4 min).
 bench: deps
 	$(PY) -m hetsync.bench --preset full --update-readme --out runs/bench-full

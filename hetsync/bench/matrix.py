@@ -128,18 +128,18 @@ class Preset:
                 raise ValueError(f"preset {self.name!r} has no epoch count for data set {c.dataset!r}")
 
 
-# The report: 7 (cell, seed) pairs x every protocol (42 launches with 6 protocols). The main scenario
-# (random:6, the Hop/RNA straggler) gets 2 seeds for the median and spread; the others one seed each,
-# to stay near 25 minutes on 2 cores (about 33 s per 4-rank launch on a quiet machine, mostly TensorFlow
-# start-up, plus about 20 s per solo measurement). The mix uniform:0:50+netdelay:50 covers per-step
-# jitter (RNA section 8) and network latency; add `--scenario digits/uniform:0:50` or
-# `--scenario digits/netdelay:50` for either alone (about 3.5 minutes each).
+# The report: 9 (cell, seed) pairs x every protocol (54 launches with 6 protocols). The main scenario
+# (random:6, the Hop/RNA straggler) gets 2 seeds for the median and spread; the others one seed each.
+# About 15 minutes on a quiet 2-core machine (about 15 s per 4-rank launch, mostly TensorFlow
+# start-up, plus solo measurements). Every scenario of GUIDE section 2 appears alone, and the mix
+# uniform:0:50+netdelay:50 combines per-step jitter (RNA section 8) with network latency.
 _FULL_CELLS = (
     parse_cell("digits/random:6", seeds=(0, 1)), parse_cell("digits/none"), parse_cell("digits/deterministic:3:4"),
+    parse_cell("digits/uniform:0:50"), parse_cell("digits/netdelay:50"),
     parse_cell("digits/uniform:0:50+netdelay:50"), parse_cell("digits/speeds:1,1,1,0.5"), parse_cell("mnist/random:6"))
 
 #: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds).
-LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 33.0, 20.0
+LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 16.0, 15.0
 
 #: the named presets. ``quick``: a smoke check (< 5 min with every protocol); ``full``: the README report.
 PRESETS = {
