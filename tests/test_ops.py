@@ -100,3 +100,29 @@ def test_missing_library_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(ops, "_library", None)
     with pytest.raises(ops.OpLibraryError, match="not built"):
         ops.load_library()
+
+
+def _kernels(op_name):
+    from tensorflow.python.framework import kernels
+    ops.load_library()
+    return {k.device_type: sorted(k.host_memory_arg) for k in kernels.get_registered_kernels_for_op(op_name).kernel}
+
+
+@pytest.mark.parametrize("op_name", ["HetsyncGradCacheCreate", "HetsyncGradCacheWrite", "HetsyncGradCacheRead",
+                                     "HetsyncGradCacheTake", "HetsyncGradCachePublish", "HetsyncGradCacheWait",
+                                     "HetsyncGradCacheStatus", "HetsyncGradCacheDestroy"])
+def test_gradient_cache_ops_register_gpu_kernels_with_every_argument_in_host_memory(op_name):
+    """GPU variants keep the cache on the host: every input and output is pinned to host memory."""
+    from tensorflow.python.framework import op_def_registry
+    found = _kernels(op_name)
+    assert set(found) == {"CPU", "GPU"}, found
+    op_def = op_def_registry.get(op_name)
+    args = sorted(a.name for a in list(op_def.input_arg) + list(op_def.output_arg))
+    assert found["GPU"] == args
+    assert found["CPU"] == []
+
+
+def test_delay_op_gpu_kernel_forwards_tensors_in_device_memory():
+    """The delay op's GPU variant keeps the delayed tensors on the device, only its scalars on the host."""
+    found = _kernels("HetsyncDelay")
+    assert found == {"CPU": [], "GPU": ["compute_ms", "control", "delay_ms"]}

@@ -359,4 +359,54 @@ REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWait").Device(DEVICE_CPU), GradCac
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheStatus").Device(DEVICE_CPU), GradCacheStatusOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheDestroy").Device(DEVICE_CPU), GradCacheDestroyOp);
 
+// GPU variants: the cache lives in host memory whatever the device, so every
+// tensor argument is pinned to host memory and TensorFlow inserts the device
+// copies (gradients device->host on write, the result host->device on read).
+// The kernels are the CPU ones; registering them needs no CUDA code, so they are
+// registered in every build. Only the registration is tested here (no GPU).
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheCreate").Device(DEVICE_GPU).HostMemory("cache"), GradCacheCreateOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWrite")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("grads")
+                            .HostMemory("iteration")
+                            .HostMemory("dropped"),
+                        GradCacheWriteOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheRead")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("local")
+                            .HostMemory("iteration")
+                            .HostMemory("outputs")
+                            .HostMemory("fresh")
+                            .HostMemory("round_id")
+                            .HostMemory("weight_sum"),
+                        GradCacheReadOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheTake")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("weighted")
+                            .HostMemory("iterations")
+                            .HostMemory("newest_iteration"),
+                        GradCacheTakeOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCachePublish")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("reduced")
+                            .HostMemory("round_id"),
+                        GradCachePublishOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWait")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("timeout_ms")
+                            .HostMemory("ready"),
+                        GradCacheWaitOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheStatus")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("counters"),
+                        GradCacheStatusOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheDestroy").Device(DEVICE_GPU).HostMemory("cache"),
+                        GradCacheDestroyOp);
+
 }  // namespace hetsync
