@@ -84,3 +84,31 @@ def test_local_sampler_reshuffles_every_pass():
     second = np.concatenate([s(t) for t in range(6, 12)])
     assert len(np.unique(first)) == 48 and set(first) <= set(range(100, 150))
     assert not np.array_equal(first, second)
+
+
+def test_default_fit_data_gives_full_reshuffled_batches_of_this_ranks_shard():
+    """Protocol.fit_data (BSP, RNA, FedAvg, local SGD): floor(shard / b) full batches per epoch."""
+    import keras
+
+    import hetsync
+
+    hetsync.init()
+    x = np.arange(100, dtype=np.float32).reshape(100, 1)
+    y = np.arange(100)
+    proto = hetsync.BSP(keras.optimizers.SGD(0.1)).hetsync_protocol
+    fit = proto.fit_data(x, y, 32, seed=5)
+    assert fit["steps_per_epoch"] == 3 and fit["shuffle"] is False and "batch_size" not in fit
+    assert proto.samples_per_epoch == 96
+    ds = fit["x"]
+    epochs = [[ds[e * 3 + j] for j in range(3)] for e in range(4)]
+    left_out = []
+    for batches in epochs:
+        seen = np.concatenate([bx[:, 0] for bx, _ in batches]).astype(int)
+        assert all(len(bx) == len(by) == 32 and np.array_equal(bx[:, 0].astype(int), by) for bx, by in batches)
+        assert len(set(seen)) == 96  # no sample twice within an epoch
+        left_out.append(frozenset(range(100)) - set(seen))
+    assert len(set(left_out)) > 1  # the remainder changes between epochs: nothing is left out for good
+    with pytest.raises(ValueError, match="batch size must be in \\[1, 100\\]"):
+        proto.fit_data(x, y, 101)
+    with pytest.raises(ValueError, match="bsp: batch_size must be an int >= 1 .*got 0"):
+        proto.fit_data(x, y, 0)

@@ -51,6 +51,21 @@ def test_huge_delta_never_synchronizes_after_the_first_step(equivalence):
     assert diffs[0] == 0.0 and min(diffs[5:]) > 1e-3  # replicas drift apart without syncs
 
 
+def test_parameters_are_averaged_once_at_train_end(equivalence):
+    r = equivalence
+    last = np.array(r["huge_last_all"], np.float64)  # [ranks, params]: each rank's weights after its last step
+    final = np.array(r["huge_final_all"], np.float64)
+    assert np.abs(last[0] - last[1]).max() > 1e-3  # only local steps since step 1: the replicas differ
+    assert np.array_equal(final[0], final[1])  # identical after fit
+    assert np.abs(final[0] - last.mean(axis=0)).max() < 1e-6  # and equal to the mean (closed form)
+    s = r["huge_summary"]
+    assert s["final_average"] is True
+    expected = np.linalg.norm(last - last.mean(axis=0), axis=1).max()
+    assert s["drift_before_final_average"] == pytest.approx(expected, rel=1e-4)
+    # the final average is not a step: LSSR and the step counts are unchanged
+    assert s["sync_steps"] + s["local_steps"] == len(r["huge"]["stats"])
+
+
 def test_weights_identical_on_all_ranks_after_every_pa_sync(equivalence):
     r = equivalence["mixed"]
     syncs = [s["sync"] for s in r["stats"]]

@@ -49,7 +49,12 @@ def run(proto, out_dir, args, extra):
     with open(os.path.join(out_dir, "summary.json")) as f:
         s = json.load(f)
     return {"ttt": s["time_to_target_s"], "acc": s["final_test_accuracy"], "step_ms": step_ms(out_dir, args.np),
-            "wall": s["wall_s"], "stats": s["stats"]}
+            "wall": s["wall_s"], "stats": s["stats"], "curve": s["accuracy_curve"]}
+
+
+def time_to(curve, target):
+    """First wall time (s) in an accuracy curve at which ``target`` is reached, or None."""
+    return next((c["wall_s"] for c in curve if c["accuracy"] >= target), None)
 
 
 def main(argv=None):
@@ -60,8 +65,11 @@ def main(argv=None):
     p.add_argument("--rna-arg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/bench-rna")
     p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--also-targets", type=float, nargs="*", default=[],
+                   help="further accuracies whose time-to ratios are read post hoc from the same runs' curves")
     args, extra = p.parse_known_args(argv)
     rows, ratios = [], {"speedup": [], "acc_diff": [], "step_ratio": []}
+    ratios.update({f"speedup@{t:g}": [] for t in args.also_targets})
     for rep, seed in enumerate(args.seeds):
         order = ("bsp", "rna") if rep % 2 == 0 else ("rna", "bsp")
         res = {proto: run(proto, os.path.join(args.out, f"{proto}-{rep}"), args, extra + ["--seed", str(seed)])
@@ -73,6 +81,10 @@ def main(argv=None):
         if b["ttt"] and r["ttt"]:
             ratios["speedup"].append(b["ttt"] / r["ttt"])
         ratios["acc_diff"].append((r["acc"] - b["acc"]) * 100)
+        for t in args.also_targets:
+            tb, tr = time_to(b["curve"], t), time_to(r["curve"], t)
+            if tb and tr:
+                ratios[f"speedup@{t:g}"].append(tb / tr)
         ratios["step_ratio"].append(r["step_ms"] / b["step_ms"])
         st = r["stats"]
         print(f"repeat {rep}: rna rounds={st.get('rounds')} contributors/round={st.get('contributors_per_round_mean')} "

@@ -1,9 +1,9 @@
 """Task allocation benchmark: epoch-time ratios and heterogeneity efficiency, side by side in one run.
 
-Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np 4`` for each configuration below,
-interleaved, ``--repeats`` times (the machine is shared and noisy):
+Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np N`` (``--np``, default 4) for each
+configuration below, interleaved, ``--repeats`` times (the machine is shared and noisy):
 
-* ``speeds:1,1,1,0.5`` (rank 3 twice slower): task allocation with an equal static allocation vs
+* ``speeds:1,...,1,0.5`` (the last rank twice slower; ``speeds:1,1,1,0.5`` on 4 ranks): task allocation with an equal static allocation vs
   self-adaptive allocation (same C, same micro-batch, so the same global batch), plus BSP with the
   same global batch for reference;
 * no slowdown: BSP vs self-adaptive task allocation (same global batch).
@@ -38,14 +38,21 @@ PY = os.path.join(ROOT, ".venv", "bin", "python")
 HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
 
 
-def configs(total, micro):
+def slow_spec(np_):
+    """``speeds:1,...,1,0.5``: the last of ``np_`` ranks runs at half speed."""
+    return "speeds:" + ",".join(["1"] * (np_ - 1) + ["0.5"])
+
+
+def configs(total, micro, np_=4):
     """Return {name: (slowdown spec, protocol argv)}: every run has the global batch total x micro."""
+    if total % np_:
+        raise SystemExit(f"--total {total} must be a multiple of --np {np_} (equal allocation, BSP batch)")
     ta = ["--protocol", "taskalloc", "--batch-size", str(micro), "--protocol-arg", f"total={total}"]
-    bsp = ["--protocol", "bsp", "--batch-size", str(total * micro // 4)]
+    bsp = ["--protocol", "bsp", "--batch-size", str(total * micro // np_)]
     return {
-        "hetero/equal": ("speeds:1,1,1,0.5", ta + ["--protocol-arg", "mode=static"]),
-        "hetero/adaptive": ("speeds:1,1,1,0.5", ta + ["--protocol-arg", "mode=adaptive"]),
-        "hetero/bsp": ("speeds:1,1,1,0.5", bsp),
+        "hetero/equal": (slow_spec(np_), ta + ["--protocol-arg", "mode=static"]),
+        "hetero/adaptive": (slow_spec(np_), ta + ["--protocol-arg", "mode=adaptive"]),
+        "hetero/bsp": (slow_spec(np_), bsp),
         "equal/bsp": ("none", bsp),
         "equal/adaptive": ("none", ta + ["--protocol-arg", "mode=adaptive"]),
     }
@@ -64,7 +71,7 @@ def epoch_times(path):
 
 
 def run(name, spec, argv, args, out):
-    cmd = [HOROVODRUN, "--mpi", "-np", "4", PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
+    cmd = [HOROVODRUN, "--mpi", "-np", str(args.np), PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
            "--data-dir", args.data_dir, "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
            "--slowdown", spec, "--quiet", "--out", out] + argv
     env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
@@ -135,6 +142,7 @@ def run_simulated(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/taskalloc_bench")
+    p.add_argument("--np", type=int, default=4, help="ranks (real-CPU mode); the last one runs at half speed")
     p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "mnist-t10k"))
     p.add_argument("--model", default="cnn", choices=("mlp", "cnn"))
     p.add_argument("--total", type=int, default=32, help="C, micro-batches per round")
@@ -150,7 +158,7 @@ def main(argv=None):
     if args.simulated is not None:
         run_simulated(args)
         return 0
-    cfgs = configs(args.total, args.micro_batch)
+    cfgs = configs(args.total, args.micro_batch, args.np)
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only.split(",")}
     results = []

@@ -9,6 +9,7 @@ inside the compiled ``model.fit`` step (GUIDE section 1). Horovod's own Keras la
 on Keras 3 it averages nothing.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from .. import ops, runtime, slowdown
@@ -76,23 +77,37 @@ class Protocol:
     def fit_data(self, x, y, batch_size, seed=0):
         """Return this rank's ``model.fit`` data arguments for the full training set ``(x, y)``.
 
-        Default: a disjoint, equally long shard per rank (:func:`hetsync.data.shard`), shuffled by
-        Keras each epoch. Protocols with their own data order or per-rank workloads (task
-        allocation, SelSync's SelDP) override this.
+        Default: a disjoint, equally long shard per rank (:func:`hetsync.data.shard`), reshuffled
+        every epoch, in full batches only (:class:`hetsync.partition.LocalSampler`): each epoch is
+        floor(shard / batch_size) steps and the partial last batch is left out (a different
+        remainder every epoch, so no sample is left out for good). A partial batch would be a step
+        on a few samples with the full learning rate: with the example CNN on digits (7 samples
+        left per rank) test accuracy fell from 0.68 to 0.28 after that step, epoch after epoch.
+        Protocols with their own data order or per-rank workloads (task allocation, SelSync's
+        SelDP) override this.
 
         Args:
             x: array [N, ...] (all training inputs). y: int array [N]. batch_size: int samples per
-            rank per step. seed: int.
+            rank per step, at most the shard size. seed: int.
 
         Returns:
-            dict of keyword arguments for ``model.fit`` (``x``, ``y``, ``batch_size``, ``shuffle``,
-            and possibly ``steps_per_epoch``); ``x`` may be a ``keras.utils.PyDataset``.
-        """
-        from .. import data
+            dict of keyword arguments for ``model.fit``: ``x`` (a ``keras.utils.PyDataset``),
+            ``steps_per_epoch`` and ``shuffle=False`` (the sampler shuffles).
 
-        xs, ys = data.shard(x, y, runtime.rank(), runtime.size(), seed=seed)
-        self.samples_per_epoch = len(xs)
-        return {"x": xs, "y": ys, "batch_size": batch_size, "shuffle": True}
+        Raises:
+            ValueError: ``batch_size`` not an int in [1, shard size].
+        """
+        from .. import data, partition
+
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"{self.name}: batch_size must be an int >= 1 (samples per rank per step), "
+                             f"got {batch_size!r}")
+        rank = runtime.rank()
+        xs, ys = data.shard(x, y, rank, runtime.size(), seed=seed)
+        sampler = partition.LocalSampler(np.arange(len(xs)), int(batch_size), seed=seed, rank=rank)
+        self.samples_per_epoch = sampler.steps_per_pass * int(batch_size)
+        return {"x": partition.BatchDataset(xs, ys, sampler), "steps_per_epoch": sampler.steps_per_pass,
+                "shuffle": False}
 
     # -- the step -------------------------------------------------------------------------------
     def apply(self, grads, variables, local_apply):

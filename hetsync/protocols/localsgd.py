@@ -12,7 +12,7 @@ from .. import transport
 from .base import Protocol, wrap
 
 __all__ = ["LocalSGD", "LocalSGDProtocol", "PeriodicAveragingProtocol", "add_sync_stats", "record_step",
-           "average_parameters", "payload_bytes"]
+           "average_parameters", "average_at_train_end", "payload_bytes"]
 
 
 def add_sync_stats(protocol):
@@ -79,6 +79,35 @@ def average_parameters(protocol, variables, weight=None, name="hetsync_param_avg
     return [v.assign(a) for v, a in zip(variables, avg)]
 
 
+def average_at_train_end(protocol, name):
+    """Average the trainable parameters over all ranks once, eagerly, when training ends.
+
+    w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since the
+    last synchronization are kept in the average, not discarded). Called from a protocol's
+    ``stop`` on every rank; not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
+
+    Args:
+        protocol: the protocol (its optimizer must be built). name: collective-name prefix (str).
+
+    Returns:
+        dict ``{"final_average": True, "drift_before_final_average": float}``: the largest L2
+        distance ||w_n - w_mean|| over ranks before the average (0.0 if they were already equal).
+
+    Raises:
+        RuntimeError: the optimizer has no trainable variables (not built).
+    """
+    variables = list(getattr(protocol.optimizer, "_trainable_variables", None) or [])
+    if not variables:
+        raise RuntimeError(f"{protocol.name}: no trainable variables to average at train end (optimizer not built)")
+    values = [tf.convert_to_tensor(v.value) for v in variables]
+    means = transport.allreduce_mean(values, name=f"{name}_final_avg")
+    dist = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(a - m, tf.float64))) for a, m in zip(values, means)]))
+    drift = float(tf.reduce_max(transport.allgather(tf.reshape(dist, [1]), name=f"{name}_final_drift")).numpy())
+    for v, m in zip(variables, means):
+        v.assign(m)
+    return {"final_average": True, "drift_before_final_average": drift}
+
+
 class PeriodicAveragingProtocol(Protocol):
     """Local steps, then parameter averaging whenever :meth:`should_sync` says so.
 
@@ -134,35 +163,50 @@ class LocalSGDProtocol(PeriodicAveragingProtocol):
 
     name = "localsgd"
 
-    def __init__(self, period=8):
+    def __init__(self, period=8, average_at_end=True):
         super().__init__()
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"LocalSGD: period H must be an int >= 1 (steps between averagings), got {period!r}")
-        self.period = period
+        if not isinstance(average_at_end, bool):
+            raise ValueError(f"LocalSGD: average_at_end must be True or False, got {average_at_end!r}")
+        self.period, self.average_at_end = period, average_at_end
+        self._final = {}
 
     def config(self):
-        return {"period": self.period}
+        return {"period": self.period, "average_at_end": self.average_at_end}
+
+    def stop(self):
+        if self.average_at_end:
+            self._final = average_at_train_end(self, "hetsync_localsgd")
+
+    def summary_stats(self):
+        return dict(super().summary_stats(), **self._final)
 
     def should_sync(self, step):
         return tf.equal((step + 1) % self.period, 0)
 
 
-def LocalSGD(optimizer, period=8):
+def LocalSGD(optimizer, period=8, average_at_end=True):
     """Wrap a Keras 3 optimizer for local SGD with periodic parameter averaging.
 
     Each step every rank applies its own gradients; after steps H, 2H, 3H, ... (counted from 1)
     the parameters are averaged over all N ranks, w <- (1/N) sum_n w_n, in one fused allreduce,
     so the ranks are identical right after. Optimizer slots (momentum) stay local. Statistics:
-    ``sync``, ``sync_steps``, ``local_steps``, ``lssr`` (= 1 - 1/H), ``bytes_sent``.
+    ``sync``, ``sync_steps``, ``local_steps``, ``lssr`` (= 1 - 1/H), ``bytes_sent``, and with
+    ``average_at_end`` the drift before the final average (``drift_before_final_average``).
 
     Args:
         optimizer: a Keras 3 optimizer instance. period: int H >= 1 (steps); H = 1 is parameter-
             averaging BSP.
+        average_at_end: bool, average the parameters once when training ends
+            (:func:`average_at_train_end`), so every rank holds the same final model even if the
+            last step was local.
 
     Returns:
         keras.optimizers.Optimizer.
 
     Raises:
-        TypeError: not a Keras 3 optimizer. ValueError: bad period. RuntimeError: not initialised.
+        TypeError: not a Keras 3 optimizer. ValueError: bad period or average_at_end.
+        RuntimeError: not initialised.
     """
-    return wrap(optimizer, LocalSGDProtocol(period=period))
+    return wrap(optimizer, LocalSGDProtocol(period=period, average_at_end=average_at_end))

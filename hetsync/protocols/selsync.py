@@ -24,7 +24,7 @@ import tensorflow as tf
 from .. import data as hdata
 from .. import partition, runtime, transport
 from .base import Protocol, wrap
-from .localsgd import add_sync_stats, average_parameters, payload_bytes, record_step
+from .localsgd import add_sync_stats, average_at_train_end, average_parameters, payload_bytes, record_step
 
 __all__ = ["SelSync", "SelSyncProtocol", "ewma_reference"]
 
@@ -59,8 +59,12 @@ class SelSyncProtocol(Protocol):
     name = "selsync"
 
     def __init__(self, delta=0.3, aggregation="parameter", ewma_window=25, smoothing=None, data_order="seldp",
-                 alpha=0.0, beta=0.0, inject_timeout_s=120.0):
+                 alpha=0.0, beta=0.0, inject_timeout_s=120.0, average_at_end=True):
         super().__init__()
+        if not isinstance(average_at_end, bool):
+            raise ValueError(f"SelSync: average_at_end must be True or False, got {average_at_end!r}")
+        self.average_at_end = average_at_end
+        self._final = {}
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not delta >= 0:
             raise ValueError(f"SelSync: delta must be a number >= 0 (threshold on the relative gradient change), "
                              f"got {delta!r}")
@@ -90,7 +94,7 @@ class SelSyncProtocol(Protocol):
         return {"delta": self.delta, "aggregation": self.aggregation, "ewma_window": self.ewma_window,
                 "smoothing": self.smoothing, "data_order": self.data_order, "alpha": self.alpha, "beta": self.beta,
                 "batch_size_local": self.batch_size_local, "batch_size_effective": self.batch_size_effective,
-                "data_source": self.data_source}
+                "data_source": self.data_source, "average_at_end": self.average_at_end}
 
     # -- state ------------------------------------------------------------------------------------
     def build(self):
@@ -112,6 +116,8 @@ class SelSyncProtocol(Protocol):
     def stop(self):
         if isinstance(self.dataset, partition.InjectionDataset):
             self.dataset.close()
+        if self.average_at_end:
+            self._final = average_at_train_end(self, "hetsync_selsync")
 
     def summary_stats(self):
         st = self.step_stats()
@@ -119,6 +125,7 @@ class SelSyncProtocol(Protocol):
                "lssr": st["lssr"], "bytes_sent": int(st["bytes_sent"]), "flag_exchanges": int(st["flag_exchanges"])}
         if isinstance(self.dataset, partition.InjectionDataset):
             out.update(self.dataset.stats())
+        out.update(self._final)
         return out
 
     # -- data ---------------------------------------------------------------------------------------
@@ -259,7 +266,7 @@ class _InjectionStats(keras.callbacks.Callback):
 
 
 def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoothing=None, data_order="seldp",
-            alpha=0.0, beta=0.0, inject_timeout_s=120.0):
+            alpha=0.0, beta=0.0, inject_timeout_s=120.0, average_at_end=True):
     """Wrap a Keras 3 optimizer for SelSync: synchronize only when the gradients change a lot.
 
     Each step, each rank smooths its squared gradient norm ||g_i||^2 (sum over all gradient
@@ -294,6 +301,10 @@ def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoot
         alpha: float in [0, 1], fraction of ranks injecting per step. beta: float in [0, 1],
             fraction of b' each injector shares.
         inject_timeout_s: float seconds a rank waits for injected samples before failing.
+        average_at_end: bool, average the parameters once when training ends
+            (:func:`hetsync.protocols.localsgd.average_at_train_end`), so every rank holds the same
+            final model although the last steps were local; the drift before it is reported as
+            ``drift_before_final_average``. Not counted as a step (LSSR unchanged).
 
     Returns:
         keras.optimizers.Optimizer.
@@ -304,4 +315,4 @@ def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoot
     """
     return wrap(optimizer, SelSyncProtocol(delta=delta, aggregation=aggregation, ewma_window=ewma_window,
                                            smoothing=smoothing, data_order=data_order, alpha=alpha, beta=beta,
-                                           inject_timeout_s=inject_timeout_s))
+                                           inject_timeout_s=inject_timeout_s, average_at_end=average_at_end))

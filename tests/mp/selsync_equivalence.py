@@ -70,7 +70,12 @@ model_ga, ga0, _ = run(hetsync.SelSync(sgd(), delta=0.0, aggregation="gradient")
 results["ga0"] = ga0
 results["pa0"] = run(hetsync.SelSync(sgd(), delta=0.0))[1]
 huge_opt = hetsync.SelSync(sgd(), delta=1e9)
-results["huge"] = run(huge_opt)[1]
+model_huge, results["huge"], _ = run(huge_opt)
+# average_at_end (default): every rank leaves fit with the mean of the ranks' last local weights.
+last = np.array(results["huge"].weights[-1], np.float32)
+final = np.concatenate([w.ravel() for w in model_huge.get_weights()]).astype(np.float32)
+huge_last_all = hetsync.transport.allgather(tf.constant(last[None]), name="t_last").numpy()
+huge_final_all = hetsync.transport.allgather(tf.constant(final[None]), name="t_final").numpy()
 results["mixed"] = run(hetsync.SelSync(sgd(), delta=mixed_delta))[1]
 
 # Independent check of ||g_i||^2 on rank 0 for the first steps of ga0.
@@ -91,5 +96,7 @@ if rank == 0:
     out["steps_per_epoch"] = sampler.steps_per_pass
     out["world_size"] = n
     out["huge_summary"] = huge_opt.hetsync_protocol.summary_stats()
+    out["huge_last_all"] = huge_last_all.tolist()
+    out["huge_final_all"] = huge_final_all.tolist()
     with open(out_path, "w") as f:
         json.dump(out, f)
