@@ -4,10 +4,13 @@ Runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` once per configurat
 in one invocation (same data, model, seed), and prints ratios. Not a timed test: the machine is
 shared, so read the ratios, and use ``--repeats`` for the timing suite.
 
-    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset digits --epochs 30 --seeds 0 1 2
-    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset mnist-idx --data-dir ../shared/data/mnist-t10k --epochs 5
-    .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --epochs 30 --repeats 2
+    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset digits --epochs 30 --seeds 0 1 2 3 4
+    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset mnist-idx --data-dir ../shared/data/mnist-t10k \
+        --epochs 5 --seeds 0 1 2
+    .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --epochs 30 --repeats 4 --eval-every 5
     .venv/bin/python examples/benchmarks/selsync_bench.py noniid --np 10 --epochs 30
+
+(the README's figures).
 
 Suites:
   iid       BSP and SelSync delta in {0.1, 0.3, 0.5}: LSSR, final accuracy (target: LSSR >= 0.7 and
