@@ -7,7 +7,7 @@ are every name registered in :data:`hetsync.protocols.WRAPPERS` (or ``--protocol
 
 For each run: time to target accuracy, final test accuracy, steps/s, samples/s and the heterogeneity
 efficiency E = measured samples/s / sum_i v_i, v_i being rank i's samples/s alone under the same
-scenario (:mod:`hetsync.bench.efficiency`; E = 1 is the physical limit, BSP's expected value is
+scenario (:mod:`hetsync.bench.efficiency`; E = 1 is the physical limit on dedicated cores, BSP's expected value is
 n * min_i v_i / sum_i v_i); ratios against BSP from the same seed and scenario; medians and
 min-max spread over seeds (:mod:`hetsync.bench.matrix`). Output: ``results.json``, Markdown tables
 (:mod:`hetsync.bench.table`), PNG plots (:mod:`hetsync.bench.plots`), op microbenchmarks

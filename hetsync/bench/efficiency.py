@@ -2,7 +2,9 @@
 
 E = measured samples/s of the whole job / sum over ranks i of v_i, where v_i is rank i's samples/s
 when it trains *alone* under the same scenario (no synchronization, nobody to wait for). E = 1 is
-the physical limit: every rank busy all the time on useful work. BSP, which makes every rank wait for
+the physical limit when every rank has its own cores: every rank busy all the time on useful work.
+Where ranks share cores E can exceed 1, because a rank sleeping in the delay op (or finished) leaves
+its CPU share to the others, which the solo runs, all busy at once, never get. BSP, which makes every rank wait for
 the slowest one each step, is expected to reach ``n * min_i v_i / sum_i v_i``.
 
 Solo speeds are measured by :func:`measure_solo`: the n ranks are started at the same time as n

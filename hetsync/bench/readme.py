@@ -42,8 +42,9 @@ def results_section(results, image_rel, micro=None):
         "Each figure is the median over seeds, min-max in brackets. Time to target counts from the end of the "
         "first (compiling) step. Speeds are steady-state (after the first epoch). Ratios are against BSP from "
         "the same seed and scenario. E = measured samples/s / sum of each rank's samples/s alone under the same "
-        "scenario (solo runs started together, without `netdelay`); E = 1 is the physical limit and "
-        "\"E (BSP expected)\" = n min(v) / sum(v).",
+        "scenario (solo runs started together, without `netdelay`); E = 1 is the physical limit when every "
+        "rank has its own cores. Where ranks share cores, as here, E can exceed 1: a rank sleeping in the "
+        "delay op, or finished, leaves its CPU share to the others. \"E (BSP expected)\" = n min(v) / sum(v).",
         "",
         table.markdown_table(results),
         "",
