@@ -177,3 +177,37 @@ def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_thres
     assert h["next_w"] == [8, 8, 8, 4] and h["change"] is None
     s = proto.summary_stats()
     assert s["stable_epoch"] == 2 and [e["w"] for e in s["epochs"]] == [[7, 7, 7, 7]] + [[8, 8, 8, 4]] * 3
+
+
+def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_released_at_the_end():
+    import threading
+    import time
+
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), weights=[2]).hetsync_protocol
+    proto.build()
+    x, y = np.arange(40, dtype=np.float32)[:, None], np.arange(40)
+    fit = proto.fit_data(x, y, 4)
+    data = fit["x"]
+    assert fit["steps_per_epoch"] == proto.rounds == 5 and data.num_batches is None
+    epoch0 = sorted(int(v) for t in range(5) for v in data[t][0][:, 0])
+    assert epoch0 == list(range(40))  # items 0..4: epoch 0, every sample once
+    proto.begin_fit()
+    proto.data_timeout_s = 0.2
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="data of epoch 1 was requested but its allocation was not set within "
+                                           "data_timeout_s=0.2 s"):
+        data[5]
+    assert time.monotonic() - t0 >= 0.2
+    # a request for epoch 1 waits until begin_epoch(1) plans it, then gets epoch 1's permutation
+    proto.data_timeout_s = 30.0
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(data[5]))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got
+    proto.begin_epoch(1)
+    waiter.join(10)
+    assert got and np.array_equal(got[0][0][:, 0].astype(int), proto.indices_of_round(0))
+    # after the fit, requests for unplanned epochs return at once (never trained on)
+    proto.end_fit()
+    assert proto.indices_for(7, 0) is None

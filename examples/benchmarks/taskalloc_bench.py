@@ -83,8 +83,10 @@ def run(name, spec, argv, args, out):
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     times = epoch_times(os.path.join(out, "rank0.jsonl"))[args.skip:]
+    samples_per_epoch = sum(p["samples"] for p in s["per_rank"]) / args.epochs  # all ranks
     rec = {"name": name, "epoch_s": statistics.median(times), "accuracy": s["final_test_accuracy"],
-           "launch_s": time.time() - t0}
+           "samples_per_epoch": samples_per_epoch, "launch_s": time.time() - t0}
+    rec["us_per_sample"] = rec["epoch_s"] / samples_per_epoch * 1e6
     if s["protocol"] == "taskalloc":
         eps = s["stats"]["epochs"]
         rec["efficiency"] = statistics.median(h["efficiency"] for h in eps[args.skip:])
@@ -175,9 +177,11 @@ def main(argv=None):
     by = {n: [r for r in results if r["name"] == n] for n in cfgs}
     med = {n: statistics.median(r["epoch_s"] for r in rs) for n, rs in by.items() if rs}
     rows = [[n, f"{med[n]:.3f}", " ".join(f"{r['epoch_s']:.3f}" for r in rs),
+             " ".join(f"{r['samples_per_epoch']:.0f}" for r in rs),
              " ".join(f"{r['efficiency']:.3f}" for r in rs if "efficiency" in r) or "-",
              " ".join(f"{r['accuracy']:.4f}" for r in rs), rs[-1].get("w_last", "-")] for n, rs in by.items() if rs]
-    print(tabulate(rows, headers=["config", "epoch s (median)", "per repeat", "E per repeat", "accuracy", "last w"],
+    print(tabulate(rows, headers=["config", "epoch s (median)", "per repeat", "samples/epoch", "E per repeat",
+                                  "accuracy", "last w"],
                    tablefmt="github"))
     ratios = {}
     if "hetero/equal" in med and "hetero/adaptive" in med:
@@ -186,6 +190,10 @@ def main(argv=None):
         ratios["adaptive_vs_bsp_epoch_time_hetero"] = med["hetero/adaptive"] / med["hetero/bsp"]
     if "equal/bsp" in med and "equal/adaptive" in med:
         ratios["adaptive_vs_bsp_epoch_time_equal_speeds"] = med["equal/adaptive"] / med["equal/bsp"]
+        # BSP leaves each rank's partial last batch out of an epoch, task allocation uses every sample:
+        # per sample is the like-for-like comparison.
+        per = {n: statistics.median(r["us_per_sample"] for r in by[n]) for n in ("equal/adaptive", "equal/bsp")}
+        ratios["adaptive_vs_bsp_time_per_sample_equal_speeds"] = per["equal/adaptive"] / per["equal/bsp"]
     print(json.dumps(ratios, indent=1))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "runs": results, "median_epoch_s": med, "ratios": ratios}, f, indent=1)

@@ -28,6 +28,7 @@ boundaries and callbacks, whatever its w_i.
 import logging
 import math
 import numbers
+import threading
 import time
 
 import keras
@@ -205,11 +206,15 @@ def heterogeneity_efficiency(samples, compute_s, wall_s):
 # -- data -------------------------------------------------------------------------------------------
 
 class AllocatedData(keras.utils.PyDataset):
-    """This rank's batches under the current allocation: item r = its samples of round r.
+    """This rank's batches under the current allocation: item t = its samples of round t mod R
+    of epoch t // R.
 
-    The plan is set by :meth:`TaskAllocationProtocol.begin_epoch` at the start of every epoch
-    (resharding when the allocation changed); ``len`` is the number of rounds R, which is the
-    same on every rank and in every epoch.
+    Infinite (``model.fit`` gets ``steps_per_epoch = R``; R, the rounds per epoch, is the same on
+    every rank and in every epoch), so Keras does not restart the data pipeline at every epoch: a
+    restart of a finite ``PyDataset`` cost 20-600 ms per epoch on 2 ranks, as much as several
+    steps. Keras prefetches items ahead, possibly of the next epoch, whose allocation is only known
+    after the epoch's exchange; such a request waits (in the prefetching thread, not the training
+    loop) until :meth:`TaskAllocationProtocol.begin_epoch` has set that epoch's plan.
 
     Args:
         x: array [N, ...]. y: array [N]. protocol: the owning :class:`TaskAllocationProtocol`.
@@ -219,11 +224,15 @@ class AllocatedData(keras.utils.PyDataset):
         super().__init__()
         self.x, self.y, self.protocol = x, y, protocol
 
-    def __len__(self):
-        return self.protocol.rounds
+    @property
+    def num_batches(self):
+        return None
 
-    def __getitem__(self, r):
-        idx = self.protocol.indices_of_round(r)
+    def __getitem__(self, t):
+        epoch, r = divmod(int(t), self.protocol.rounds)
+        idx = self.protocol.indices_for(epoch, r)
+        if idx is None:  # requested by a pipeline that outlived its fit: never trained on
+            idx = np.arange(1)
         return self.x[idx], self.y[idx]
 
 
@@ -277,6 +286,9 @@ class TaskAllocationProtocol(Protocol):
         self._stable_count = 0
         self._data = None
         self.rounds = 0
+        self._plans = {}  # epoch -> per-round, per-rank index arrays (the current and the next epoch)
+        self._plan_cv = threading.Condition()
+        self._closed = False  # set when a fit ends: requests for unplanned epochs get None
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self):
@@ -311,7 +323,8 @@ class TaskAllocationProtocol(Protocol):
                 per round is C x b). seed: int, seeds the per-epoch permutation.
 
         Returns:
-            ``{"x": AllocatedData, "shuffle": False}`` (the data set shuffles per epoch itself).
+            ``{"x": AllocatedData, "steps_per_epoch": R, "shuffle": False}`` (the data set
+            shuffles per epoch itself; R rounds per epoch).
 
         Raises:
             ValueError: ``batch_size`` not a positive int, ``x`` and ``y`` of different lengths,
@@ -322,8 +335,10 @@ class TaskAllocationProtocol(Protocol):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
         self.micro_batch, self.seed, self.n_samples = b, int(seed), len(x)
         self._data = AllocatedData(x, y, self)
+        with self._plan_cv:
+            self._plans = {}
         self._plan(0)
-        return {"x": self._data, "shuffle": False}
+        return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
 
     # -- per-epoch plan ----------------------------------------------------------------------------
     def _plan(self, epoch):
@@ -332,10 +347,54 @@ class TaskAllocationProtocol(Protocol):
         self.epoch = epoch
         self._indices = epoch_indices(self.n_samples, self.counts, epoch, self.seed)
         self.samples_per_epoch = int(self.counts[:, runtime.rank()].sum())
+        with self._plan_cv:
+            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans[epoch] = self._indices
+            self._plan_cv.notify_all()
 
     def indices_of_round(self, r):
         """Sample indices (int64 array) of this rank in round ``r`` of the current epoch."""
         return self._indices[r][runtime.rank()]
+
+    def indices_for(self, epoch, r):
+        """Sample indices (int64 array) of this rank in round ``r`` of ``epoch``, waiting for its plan.
+
+        Called from Keras' prefetching thread. A request for an epoch not planned yet waits until
+        :meth:`begin_epoch` plans it, at most :attr:`data_timeout_s` seconds.
+
+        Returns:
+            int64 array, or None once training has ended (a request from a finished pipeline).
+
+        Raises:
+            RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
+        """
+        with self._plan_cv:
+            self._plan_cv.wait_for(lambda: epoch in self._plans or self._closed, self.data_timeout_s)
+            if epoch in self._plans:
+                return self._plans[epoch][r][runtime.rank()]
+            if self._closed:
+                return None
+        raise RuntimeError(f"TaskAllocation: rank {runtime.rank()}: the data of epoch {epoch} was requested but its "
+                           f"allocation was not set within data_timeout_s={self.data_timeout_s:g} s (the previous "
+                           "epoch's exchange did not finish)")
+
+    #: float seconds a data request for the next epoch waits for that epoch's allocation.
+    data_timeout_s = 600.0
+
+    def begin_fit(self):
+        """Serve data requests for future epochs by waiting for their plans (called at train begin)."""
+        with self._plan_cv:
+            self._closed = False
+
+    def end_fit(self):
+        """Training ended: release waiting data requests and re-plan epoch 0 for a later ``fit``."""
+        with self._plan_cv:
+            self._closed = True
+            self._plan_cv.notify_all()
+        if self._data is not None:
+            with self._plan_cv:
+                self._plans = {}
+            self._plan(0)
 
     def begin_epoch(self, epoch):
         """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
@@ -458,6 +517,10 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         if self.p._data is None:
             raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
                                "batch_size): the protocol needs its own per-rank shares")
+        self.p.begin_fit()
+
+    def on_train_end(self, logs=None):
+        self.p.end_fit()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.p.begin_epoch(epoch)

@@ -23,10 +23,14 @@ _orig_getitem = taskalloc.AllocatedData.__getitem__
 logging_on = [False]
 
 
-def logging_getitem(self, r):
-    x, y = _orig_getitem(self, r)
-    if logging_on[0]:  # Keras also peeks at 2 batches to infer shapes before training; not logged
-        served.append((self.protocol.epoch, int(r), [int(v) for v in x[:, 0]]))
+def logging_getitem(self, t):
+    x, y = _orig_getitem(self, t)
+    # Item t is round t mod R of epoch t // R (the data set is infinite; Keras prefetches ahead, and
+    # items of epochs after the last are never trained on). Keras also peeks at 2 batches to infer
+    # shapes before training; not logged.
+    if logging_on[0]:
+        epoch, r = divmod(int(t), self.protocol.rounds)
+        served.append((epoch, r, [int(v) for v in x[:, 0]]))
     return x, y
 
 
