@@ -35,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import runtime, transport
+from .. import partition, runtime, transport
 from .base import Protocol, wrap
 
 __all__ = [
@@ -205,9 +205,9 @@ def heterogeneity_efficiency(samples, compute_s, wall_s):
 
 # -- data -------------------------------------------------------------------------------------------
 
-class AllocatedData(keras.utils.PyDataset):
+class AllocatedData(partition.BatchDataset):
     """This rank's batches under the current allocation: item t = its samples of round t mod R
-    of epoch t // R.
+    of epoch t // R (:meth:`TaskAllocationProtocol.step_indices`).
 
     Infinite (``model.fit`` gets ``steps_per_epoch = R``; R, the rounds per epoch, is the same on
     every rank and in every epoch), so Keras does not restart the data pipeline at every epoch: a
@@ -221,19 +221,8 @@ class AllocatedData(keras.utils.PyDataset):
     """
 
     def __init__(self, x, y, protocol):
-        super().__init__()
-        self.x, self.y, self.protocol = x, y, protocol
-
-    @property
-    def num_batches(self):
-        return None
-
-    def __getitem__(self, t):
-        epoch, r = divmod(int(t), self.protocol.rounds)
-        idx = self.protocol.indices_for(epoch, r)
-        if idx is None:  # requested by a pipeline that outlived its fit: never trained on
-            idx = np.arange(1)
-        return self.x[idx], self.y[idx]
+        super().__init__(x, y, protocol.step_indices)
+        self.protocol = protocol
 
 
 # -- the protocol --------------------------------------------------------------------------------
@@ -377,6 +366,18 @@ class TaskAllocationProtocol(Protocol):
         raise RuntimeError(f"TaskAllocation: rank {runtime.rank()}: the data of epoch {epoch} was requested but its "
                            f"allocation was not set within data_timeout_s={self.data_timeout_s:g} s (the previous "
                            "epoch's exchange did not finish)")
+
+    def step_indices(self, t):
+        """Sample indices (int64 array) of this rank at global step ``t`` (int >= 0): round t mod R of
+        epoch t // R, waiting for that epoch's plan (:meth:`indices_for`); one sample after the fit
+        has ended (a request from a finished pipeline, never trained on).
+
+        Raises:
+            RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
+        """
+        epoch, r = divmod(int(t), self.rounds)
+        idx = self.indices_for(epoch, r)
+        return np.arange(1) if idx is None else idx
 
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
