@@ -12,9 +12,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import ops, runtime, slowdown
+from .. import ops, runtime, slowdown, transport
 
-__all__ = ["Protocol", "wrap", "protocol_of"]
+__all__ = ["Protocol", "wrap", "protocol_of", "average_at_train_end"]
 
 
 class Protocol:
@@ -196,6 +196,35 @@ class _ProtocolOptimizer:
         variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
         base_apply = super().apply
         return self.hetsync_protocol._step(list(grads), variables, lambda g, v: base_apply(g, v))
+
+
+def average_at_train_end(protocol, name):
+    """Average the trainable parameters over all ranks once, eagerly, when training ends.
+
+    w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since the
+    last synchronization are kept in the average, not discarded). Called from a protocol's
+    ``stop`` on every rank (RNA, SelSync, local SGD); not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
+
+    Args:
+        protocol: the protocol (its optimizer must be built). name: collective-name prefix (str).
+
+    Returns:
+        dict ``{"final_average": True, "drift_before_final_average": float}``: the largest L2
+        distance ||w_n - w_mean|| over ranks before the average (0.0 if they were already equal).
+
+    Raises:
+        RuntimeError: the optimizer has no trainable variables (not built).
+    """
+    variables = list(getattr(protocol.optimizer, "_trainable_variables", None) or [])
+    if not variables:
+        raise RuntimeError(f"{protocol.name}: no trainable variables to average at train end (optimizer not built)")
+    values = [tf.convert_to_tensor(v.value) for v in variables]
+    means = transport.allreduce_mean(values, name=f"{name}_final_avg")
+    dist = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(a - m, tf.float64))) for a, m in zip(values, means)]))
+    drift = float(tf.reduce_max(transport.allgather(tf.reshape(dist, [1]), name=f"{name}_final_drift")).numpy())
+    for v, m in zip(variables, means):
+        v.assign(m)
+    return {"final_average": True, "drift_before_final_average": drift}
 
 
 def wrap(optimizer, protocol):

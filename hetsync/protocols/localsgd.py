@@ -9,10 +9,10 @@ semi-synchronous protocols share (:func:`add_sync_stats`, :func:`record_step`,
 import tensorflow as tf
 
 from .. import transport
-from .base import Protocol, wrap
+from .base import Protocol, average_at_train_end, wrap
 
 __all__ = ["LocalSGD", "LocalSGDProtocol", "PeriodicAveragingProtocol", "add_sync_stats", "record_step",
-           "average_parameters", "average_at_train_end", "payload_bytes"]
+           "average_parameters", "payload_bytes"]
 
 
 def add_sync_stats(protocol):
@@ -77,35 +77,6 @@ def average_parameters(protocol, variables, weight=None, name="hetsync_param_avg
         count = summed[-1][0]
         avg = [s / tf.cast(count, s.dtype) for s in summed[:-1]]
     return [v.assign(a) for v, a in zip(variables, avg)]
-
-
-def average_at_train_end(protocol, name):
-    """Average the trainable parameters over all ranks once, eagerly, when training ends.
-
-    w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since the
-    last synchronization are kept in the average, not discarded). Called from a protocol's
-    ``stop`` on every rank; not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
-
-    Args:
-        protocol: the protocol (its optimizer must be built). name: collective-name prefix (str).
-
-    Returns:
-        dict ``{"final_average": True, "drift_before_final_average": float}``: the largest L2
-        distance ||w_n - w_mean|| over ranks before the average (0.0 if they were already equal).
-
-    Raises:
-        RuntimeError: the optimizer has no trainable variables (not built).
-    """
-    variables = list(getattr(protocol.optimizer, "_trainable_variables", None) or [])
-    if not variables:
-        raise RuntimeError(f"{protocol.name}: no trainable variables to average at train end (optimizer not built)")
-    values = [tf.convert_to_tensor(v.value) for v in variables]
-    means = transport.allreduce_mean(values, name=f"{name}_final_avg")
-    dist = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(a - m, tf.float64))) for a, m in zip(values, means)]))
-    drift = float(tf.reduce_max(transport.allgather(tf.reshape(dist, [1]), name=f"{name}_final_drift")).numpy())
-    for v, m in zip(variables, means):
-        v.assign(m)
-    return {"final_average": True, "drift_before_final_average": drift}
 
 
 class PeriodicAveragingProtocol(Protocol):
@@ -199,7 +170,7 @@ def LocalSGD(optimizer, period=8, average_at_end=True):
         optimizer: a Keras 3 optimizer instance. period: int H >= 1 (steps); H = 1 is parameter-
             averaging BSP.
         average_at_end: bool, average the parameters once when training ends
-            (:func:`average_at_train_end`), so every rank holds the same final model even if the
+            (:func:`hetsync.protocols.base.average_at_train_end`), so every rank holds the same final model even if the
             last step was local.
 
     Returns:

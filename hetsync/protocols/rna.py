@@ -48,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, runtime, transport
-from .base import Protocol, wrap
+from .base import Protocol, average_at_train_end, wrap
 
 __all__ = ["RNA", "RNAProtocol", "RNAError"]
 
@@ -422,16 +422,9 @@ class RNAProtocol(Protocol):
             self._local["corrections"] += 1
 
     def _average_parameters_now(self):
-        """End of training (main thread, all ranks): measure the final drift, then average the parameters."""
-        x = self._snapshot()
-        mean = transport.allreduce_mean([tf.constant(x)], name="hetsync_rna_final_avg")[0].numpy()
-        dists = transport.allgather(tf.constant([float(np.linalg.norm(x - mean))], tf.float64),
-                                    name="hetsync_rna_final_drift").numpy()
-        self._summary["drift_before_final_average"] = float(dists.max())
-        off = 0
-        for v, n, s in zip(self._vars, self._sizes, self._shapes):
-            v.assign(mean[off:off + n].reshape(s))
-            off += n
+        """End of training (main thread, all ranks): average the parameters, record the drift before."""
+        final = average_at_train_end(self, "hetsync_rna")
+        self._summary["drift_before_final_average"] = final["drift_before_final_average"]
 
     # -- statistics -----------------------------------------------------------------------------------
     def _gather_summary(self):

@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from .. import data as hdata
 from .. import partition, runtime, transport
-from .base import Protocol, wrap
-from .localsgd import add_sync_stats, average_at_train_end, average_parameters, payload_bytes, record_step
+from .base import Protocol, average_at_train_end, wrap
+from .localsgd import add_sync_stats, average_parameters, payload_bytes, record_step
 
 __all__ = ["SelSync", "SelSyncProtocol", "ewma_reference"]
 
@@ -302,7 +302,7 @@ def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoot
             fraction of b' each injector shares.
         inject_timeout_s: float seconds a rank waits for injected samples before failing.
         average_at_end: bool, average the parameters once when training ends
-            (:func:`hetsync.protocols.localsgd.average_at_train_end`), so every rank holds the same
+            (:func:`hetsync.protocols.base.average_at_train_end`), so every rank holds the same
             final model although the last steps were local; the drift before it is reported as
             ``drift_before_final_average``. Not counted as a step (LSSR unchanged).
 

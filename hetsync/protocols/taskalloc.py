@@ -239,6 +239,8 @@ class TaskAllocationProtocol(Protocol):
     """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`)."""
 
     name = "taskalloc"
+    #: float seconds a data request for the next epoch waits for that epoch's allocation.
+    data_timeout_s = 600.0
 
     def __init__(self, mode="static", weights=None, total=None, threshold=0.05, patience=2):
         super().__init__()
@@ -324,20 +326,18 @@ class TaskAllocationProtocol(Protocol):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
         self.micro_batch, self.seed, self.n_samples = b, int(seed), len(x)
         self._data = AllocatedData(x, y, self)
-        with self._plan_cv:
-            self._plans = {}
-        self._plan(0)
+        self._plan(0, reset=True)
         return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
 
     # -- per-epoch plan ----------------------------------------------------------------------------
-    def _plan(self, epoch):
+    def _plan(self, epoch, reset=False):
         self.counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
         self.rounds = len(self.counts)
         self.epoch = epoch
         self._indices = epoch_indices(self.n_samples, self.counts, epoch, self.seed)
         self.samples_per_epoch = int(self.counts[:, runtime.rank()].sum())
         with self._plan_cv:
-            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans = {} if reset else {e: p for e, p in self._plans.items() if e >= epoch - 1}
             self._plans[epoch] = self._indices
             self._plan_cv.notify_all()
 
@@ -379,9 +379,6 @@ class TaskAllocationProtocol(Protocol):
         idx = self.indices_for(epoch, r)
         return np.arange(1) if idx is None else idx
 
-    #: float seconds a data request for the next epoch waits for that epoch's allocation.
-    data_timeout_s = 600.0
-
     def begin_fit(self):
         """Serve data requests for future epochs by waiting for their plans (called at train begin)."""
         with self._plan_cv:
@@ -393,9 +390,7 @@ class TaskAllocationProtocol(Protocol):
             self._closed = True
             self._plan_cv.notify_all()
         if self._data is not None:
-            with self._plan_cv:
-                self._plans = {}
-            self._plan(0)
+            self._plan(0, reset=True)
 
     def begin_epoch(self, epoch):
         """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
