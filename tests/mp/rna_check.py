@@ -9,7 +9,9 @@ records, on every rank, each round's take (this rank's weight w_r in {0, 1}) and
 vector it publishes. Rank 0 gathers every rank's log and writes OUT.json.
 
 MODE:
-  straggler  every rank 100 steps, ``deterministic:3:20`` (rank 3 is 20x slower).
+  straggler  every rank 100 steps, ``deterministic:3:20`` (rank 3 is 20x slower); rank 3 also
+             sleeps 60 ms after each step, so its steps outlast a round (a step of this one-weight
+             model computes in well under 1 ms, and 20x that can be shorter than a round).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
   stall      rank 2 sleeps 12 s after its 10th step (it stops stepping early) while the others run
              60 steps; finish_timeout_s=3, so the controller ends without it.
@@ -74,6 +76,8 @@ class Stall(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if mode == "stall" and rank == 2 and batch == 9:
             time.sleep(12.0)
+        if mode == "straggler" and rank == 3:
+            time.sleep(0.06)
 
 
 keras.utils.set_random_seed(0)
