@@ -163,11 +163,12 @@ def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_thres
     steady = (100, 1.0, 1.0)
     h = proto.end_epoch(0, 1.0, 0.1, 1.2, 100.0, steady)
     assert h["w"] == [7, 7, 7, 7] and h["next_w"] == [8, 8, 8, 4] and h["change"] == pytest.approx(6 / 56)
+    assert h["gain"] == pytest.approx(1 - (4 / 50) / (7 / 50))  # the round was 7/50, now max(8/100, 4/50)
     proto.begin_epoch(1)
     assert proto.weights.tolist() == [8, 8, 8, 4] and proto.samples_per_epoch == int(proto.counts[:, 0].sum())
-    speeds["now"] = [108.0, 100.0, 92.0, 50.0]  # noise: eq. (10) gives [9, 8, 7, 4], moving 1/28 < 0.05
+    speeds["now"] = [108.0, 100.0, 92.0, 50.0]  # noise: eq. (10) gives [9, 8, 7, 4], a round 4.2% shorter
     h = proto.end_epoch(1, 1.0, 0.1, 1.2, 100.0, steady)
-    assert h["next_w"] == [8, 8, 8, 4] and 0 < h["change"] <= 0.05 and not h["stable"]
+    assert h["next_w"] == [8, 8, 8, 4] and h["gain"] == pytest.approx(1 - (9 / 108) / (8 / 92)) and not h["stable"]
     proto.begin_epoch(2)
     h = proto.end_epoch(2, 1.0, 0.1, 1.2, 100.0, steady)
     assert h["stable"] and proto.stable  # two epochs in a row below the threshold: frozen
@@ -177,6 +178,40 @@ def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_thres
     assert h["next_w"] == [8, 8, 8, 4] and h["change"] is None
     s = proto.summary_stats()
     assert s["stable_epoch"] == 2 and [e["w"] for e in s["epochs"]] == [[7, 7, 7, 7]] + [[8, 8, 8, 4]] * 3
+
+
+def test_predicted_gain_is_the_relative_shortening_of_the_slowest_ranks_round():
+    assert ta.predicted_gain([8, 8, 8, 8], [10, 10, 8, 4], [100, 100, 100, 50]) == pytest.approx(1 - 0.1 / 0.16)
+    assert ta.predicted_gain([10, 10, 8, 4], [8, 8, 8, 8], [100, 100, 100, 50]) == pytest.approx(1 - 0.16 / 0.1)
+    assert ta.predicted_gain([4, 4], [4, 4], [1.0, 3.0]) == 0.0
+    for bad in ([100, 0, 100, 50], [100, 100, 50]):
+        with pytest.raises(ValueError, match="positive speeds"):
+            ta.predicted_gain([8, 8, 8, 8], [8, 8, 8, 8], bad)
+
+
+def test_adaptive_adopts_a_small_move_that_unloads_the_bottleneck(monkeypatch):
+    """One micro-batch off the slow rank moves 1/32 of the global batch (below a 0.05 threshold on the
+    fraction moved) but shortens the round by 20%: it is adopted."""
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[9, 10, 8, 5], threshold=0.05)
+    proto = opt.hetsync_protocol
+    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 5)
+    speeds = [9800.0, 10200.0, 8100.0, 3900.0]  # eq. (10): C v / sum v = [9.8, 10.2, 8.1, 3.9]
+
+    def fake_allgather(tensor, name=None):
+        import tensorflow as tf
+
+        rows = np.repeat(tensor.numpy(), 4, axis=0)
+        rows[:, 0], rows[:, 5] = proto.weights, speeds
+        return tf.constant(rows)
+
+    monkeypatch.setattr(hetsync.transport, "allgather", fake_allgather)
+    h = proto.end_epoch(0, 1.0, 0.1, 1.2, 100.0, (100, 1.0, 1.0))
+    assert h["next_w"] == [10, 10, 8, 4] and h["change"] == pytest.approx(1 / 32)
+    assert h["gain"] == pytest.approx(1 - (4 / 3900) / (5 / 3900))
+    proto.begin_epoch(1)
+    assert proto.weights.tolist() == h["next_w"]
 
 
 def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_released_at_the_end():

@@ -11,8 +11,10 @@ Each rank's data share is w_i / C of the training set. ``static``: w is given. `
 
     w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j)                                          (eq. 10)
 
-rounded to integers with sum C and w_i >= 1 (largest-remainder rounding), until the allocation
-stops moving.
+rounded to integers with sum C and w_i >= 1 (largest-remainder rounding). The speeds are pooled
+over every step since the allocation last changed. A new allocation is adopted only if it is
+predicted to shorten a round (the slowest rank's compute) by more than a threshold; after a few
+epochs below it the allocation is frozen.
 
 How the w_i micro-batches of a round are processed (a deliberate Keras 3 design choice): Keras 3's
 ``model.fit`` fixes the number of steps per epoch when training begins (its ``EpochIterator``
@@ -40,7 +42,8 @@ from .base import Protocol, wrap
 
 __all__ = [
     "TaskAllocation", "TaskAllocationProtocol", "AllocatedData", "round_allocation", "plan_rounds",
-    "epoch_indices", "adapt_allocation", "allocation_change", "heterogeneity_efficiency", "MODES",
+    "epoch_indices", "adapt_allocation", "allocation_change", "predicted_gain", "heterogeneity_efficiency",
+    "MODES",
 ]
 
 log = logging.getLogger("hetsync")
@@ -178,6 +181,34 @@ def allocation_change(old, new):
     return float(np.abs(new - old).sum()) / (2.0 * float(old.sum()))
 
 
+def predicted_gain(old, new, speeds):
+    """Relative shortening of a round predicted for a reallocation: 1 - max_i(new_i / v_i) / max_i(old_i / v_i).
+
+    A round lasts as long as its slowest rank's compute, max_i w_i b / v_i (the barrier before the
+    allreduce, paper section III-B); with the speeds v_i measured at the old allocation this is
+    the fraction of that time the new allocation saves (negative: it would be slower). Unlike
+    :func:`allocation_change` it weighs a move by its effect: one micro-batch taken from a
+    bottleneck rank with w_i = 4 shortens the round by up to 25%, the same move between two equally
+    fast ranks by nothing.
+
+    Args:
+        old, new: sequences of n ints w_i (micro-batches per round). speeds: sequence of n floats
+            v_i > 0 (samples per second of compute; any common unit).
+
+    Returns:
+        float < 1.
+
+    Raises:
+        ValueError: a speed that is not a positive finite number, or lengths that differ.
+    """
+    old, new = np.asarray(old, np.float64), np.asarray(new, np.float64)
+    v = np.asarray(speeds, np.float64)
+    if not (len(old) == len(new) == len(v)) or not np.all(np.isfinite(v)) or np.any(v <= 0):
+        raise ValueError(f"predicted_gain: need n allocations and n positive speeds, got {list(old)}, {list(new)}, "
+                         f"{list(v)}")
+    return float(1.0 - np.max(new / v) / np.max(old / v))
+
+
 def heterogeneity_efficiency(samples, compute_s, wall_s):
     """Heterogeneity efficiency E of one epoch (GUIDE section 3), from in-run measurements.
 
@@ -264,8 +295,8 @@ class TaskAllocationProtocol(Protocol):
                 raise ValueError(f"TaskAllocation: total C={total} but the weights {weights} sum to {sum(weights)}; "
                                  "give one of them, or make them agree")
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold < 1:
-            raise ValueError(f"TaskAllocation: threshold must be a number in [0, 1) (fraction of the global batch "
-                             f"that moves), got {threshold!r}")
+            raise ValueError(f"TaskAllocation: threshold must be a number in [0, 1) (smallest predicted relative "
+                             f"shortening of a round), got {threshold!r}")
         self.patience = _check_int("patience (epochs)", patience, 1)
         self.mode, self.threshold = mode, float(threshold)
         self._weights_arg, self._total_arg = weights, total
@@ -406,10 +437,12 @@ class TaskAllocationProtocol(Protocol):
         """Exchange this epoch's measurements, record them, and (adaptive) compute the next w.
 
         One allgather of a float64 row per rank (every rank calls it once per epoch). ``speed`` v_i
-        is rank i's samples per second of compute: the median over the epoch's steps (the first
-        one excluded) of m_i / (step time - time inside the allreduce), robust to a step that lost
-        its core to another process. Eq. (10) is applied with t_s^i = w_i b / v_i, the compute time
-        of one full round, i.e. w_i <- C v_i / sum_j v_j.
+        is rank i's samples per second of compute: the median, over every step since the
+        allocation last changed (the first step of each epoch excluded), of m_i / (step time - time
+        inside the allreduce). The median is robust to a step that lost its core to another
+        process, and pooling the epochs of one allocation gives it more than one epoch of steps.
+        Eq. (10) is applied with t_s^i = w_i b / v_i, the compute time of one full round, i.e.
+        w_i <- C v_i / sum_j v_j, and adopted if :func:`predicted_gain` exceeds ``threshold``.
 
         Args:
             epoch: int. compute_s: float seconds of compute in the epoch (all steps, waiting
@@ -440,13 +473,13 @@ class TaskAllocationProtocol(Protocol):
                "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
                "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
                "speed_samples_per_s": [float(v) for v in rate], "efficiency": eff, "next_w": None,
-               "change": None, "stable": self.stable}
+               "change": None, "gain": None, "stable": self.stable}
         if self.mode == "adaptive" and not self.stable:
             if np.all(rate > 0):
                 new = adapt_allocation(self.weights, per_round, self.total)
-                change = allocation_change(self.weights, new)
-                rec["change"] = change
-                if change > self.threshold:
+                gain = predicted_gain(self.weights, new, rate)
+                rec["change"], rec["gain"] = allocation_change(self.weights, new), gain
+                if gain > self.threshold:
                     self._pending, self._stable_count = new, 0
                 else:
                     self._stable_count += 1
@@ -455,9 +488,10 @@ class TaskAllocationProtocol(Protocol):
         rec["next_w"] = [int(v) for v in (self._pending if self._pending is not None else self.weights)]
         self.history.append(rec)
         if me == 0:
-            log.info("taskalloc epoch %d: w=%s t_s=%s s wait=%s s E=%.3f change=%s -> next w=%s%s", epoch, rec["w"],
-                     [round(v, 3) for v in rec["t_s_s"]], [round(v, 3) for v in rec["wait_s"]], eff,
-                     "-" if rec["change"] is None else f"{rec['change']:.3f}", rec["next_w"],
+            log.info("taskalloc epoch %d: w=%s t_s=%s s wait=%s s E=%.3f change=%s gain=%s -> next w=%s%s", epoch,
+                     rec["w"], [round(v, 3) for v in rec["t_s_s"]], [round(v, 3) for v in rec["wait_s"]], eff,
+                     "-" if rec["change"] is None else f"{rec['change']:.3f}",
+                     "-" if rec["gain"] is None else f"{rec['gain']:.3f}", rec["next_w"],
                      " (stable)" if self.stable else "")
         return rec
 
@@ -523,7 +557,9 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         self._t0 = self._steady_t0 = time.perf_counter()
         self._wait0 = float(self.p._stats["sync_wait_total_ms"].numpy())
         self._busy = 0.0
-        self._rates = []
+        w = tuple(int(v) for v in self.p.weights)
+        if w != getattr(self, "_pool_w", None):  # speeds are pooled while the allocation stays the same
+            self._rates, self._pool_w = [], w
         self._steady_samples, self._steady_compute = 0, 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -570,9 +606,10 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
 
     ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
     compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
-    epoch excluded) and set w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
+    epoch excluded; as a per-step median pooled over the epochs of the current allocation) and set w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
     :func:`round_allocation` (largest remainder, sum C, w_i >= 1). A new allocation is adopted only
-    if it moves more than ``threshold`` of the global batch (:func:`allocation_change`); after
+    if it is predicted to shorten a round by more than ``threshold`` (:func:`predicted_gain`: the
+    slowest rank's compute time max_i w_i b / v_i, before against after); after
     ``patience`` consecutive epochs below it the allocation is frozen ("stable"). Statistics per
     epoch (w, t_s, waiting time, heterogeneity efficiency, see :func:`heterogeneity_efficiency`)
     are exchanged by one allgather per epoch in both modes, logged on rank 0 and reported in
@@ -588,7 +625,8 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
             equal shares of ``total`` (largest-remainder rounding).
         total: int C >= n, micro-batches per round over all ranks; default sum(weights), else n
             (static) or 8 n (adaptive, fine enough to express speed ratios).
-        threshold: float in [0, 1): smallest fraction of the global batch a reallocation must move.
+        threshold: float in [0, 1): smallest predicted relative shortening of a round (compute
+            time of its slowest rank) for which a reallocation is adopted.
         patience: int >= 1: epochs below ``threshold`` after which the allocation is frozen.
 
     Returns:
