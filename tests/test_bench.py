@@ -159,6 +159,34 @@ def test_solo_measurement_draws_the_scenario_as_each_rank_without_netdelay(tmp_p
     assert v[1] < v[0]
 
 
+def test_window_rates_measure_ranks_only_while_all_of_them_run():
+    # rank 0: 10 steps per epoch at 10 ms for 4 epochs, then stops (at 4.9 s); rank 1: 20 ms steps for 4
+    # epochs (to 6.1 s), then 5 ms steps once it has the cores to itself. Over the common window it ran at 20 ms.
+    fast = _records(0.01, epochs=4, steps_per_epoch=10)
+    slow = _records(0.02, epochs=4, steps_per_epoch=10)
+    t = slow[-1]["wall_s"]
+    for k in range(40):
+        t += 0.005
+        slow.append({"step": len(slow), "epoch": 4 + k // 20, "wall_s": t})
+    rates = efficiency.window_rates([(0, fast, 32.0), (1, slow, 32.0)], "synthetic")
+    assert rates["concurrent"] is True
+    assert [p["samples_per_s"] for p in rates["per_rank"]] == pytest.approx([3200.0, 1600.0])
+    alone = efficiency.steady_rate(slow, 32.0)[1]
+    assert alone > 1.5 * 1600  # its own whole run would count the faster steps after rank 0 ended
+
+
+def test_solo_measurement_with_per_rank_arguments_over_the_common_window(tmp_path):
+    job = [os.path.join(ROOT, "examples", "keras_digits.py"), "--epochs", "3", "--lr", "0.2"]
+    solo = efficiency.measure_solo(job, "none", 2, str(tmp_path), python=PY, cwd=ROOT, env=_env(), timeout_s=300,
+                                   rank_argv=[[], ["--batch-size", "64", "--epochs", "6"]], common_window=True)
+    assert len(solo["samples_per_s"]) == 2 and all(v > 0 for v in solo["samples_per_s"])
+    s = [read_json(tmp_path / f"rank{r}" / "summary.json") for r in range(2)]
+    assert s[0]["per_rank"][0]["samples"] == 3 * ((1437 // 2) // 32) * 32
+    assert s[1]["per_rank"][0]["samples"] == 6 * ((1437 // 2) // 64) * 64  # rank 1's own batch and epochs
+    with pytest.raises(ValueError, match="one argument list per rank"):
+        efficiency.measure_solo(job, "none", 2, str(tmp_path), rank_argv=[[]])
+
+
 def test_failed_solo_measurement_raises_with_the_output(tmp_path):
     with pytest.raises(efficiency.SoloError, match="no_such_job.py"):
         efficiency.measure_solo([str(tmp_path / "no_such_job.py")], "none", 1, str(tmp_path), python=PY, cwd=ROOT,
@@ -242,3 +270,20 @@ def test_cli_rejects_bad_values_before_running(capsys):
     args, preset, names, _ = parse_args(["--np", "2", "--scenario", "mnist/random:3", "--seeds", "3,4"])
     assert names[0] == "bsp" and preset.np == 2 and preset.seeds == (3, 4)
     assert preset.cells == (matrix.Cell("mnist", "random:3"),)
+
+
+def test_taskalloc_bench_rejects_bad_values_before_running(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "taskalloc_bench", os.path.join(ROOT, "examples", "benchmarks", "taskalloc_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for args, msg in ((["--skip", "10", "--epochs", "10"], "--skip must be in [0, --epochs)"),
+                      (["--cycle-time-ms", "-1"], "--cycle-time-ms must be >= 0"),
+                      (["--solo-epochs", "0"], "--solo-epochs must be a positive integer")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(args)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err, args
+    with pytest.raises(SystemExit, match="multiple of --np 4"):
+        bench.configs(30, 32, 4)

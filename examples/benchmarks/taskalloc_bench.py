@@ -10,9 +10,24 @@ configuration below, interleaved, ``--repeats`` times (the machine is shared and
 
 Epoch time is measured from rank 0's per-step records (``rank0.jsonl``): the duration of epoch e is
 the wall time between the last step of epoch e-1 and the last step of epoch e; the figure is the
-median over epochs ``--skip`` .. end ("once stable"). The heterogeneity efficiency is the protocol's
-in-run E (:func:`hetsync.protocols.taskalloc.heterogeneity_efficiency`), median over the same
-epochs. Prints a table and writes ``OUT/results.json``.
+median over epochs ``--skip`` .. end ("once stable"). Two heterogeneity efficiencies are reported:
+
+* ``E`` (GUIDE section 3): the job's samples/s (samples per epoch / that median epoch time) over the
+  sum of the ranks' *solo* speeds, measured right after the run by
+  :func:`hetsync.bench.efficiency.measure_solo`: the n ranks as n independent processes started
+  together (so they share the cores as in the run, but never wait), each with its own per-step
+  workload of the run (w_i x b samples for task allocation, its final w; the BSP batch for BSP) and
+  a number of epochs proportional to it, so they run for about as long; speeds over the window in
+  which all n ran. ``--no-solo`` skips it. The epoch time includes the epoch-end exchange and
+  evaluation snapshot, which the solo speeds leave out, so E errs low;
+* ``E in-run``, the protocol's own (:func:`hetsync.protocols.taskalloc.heterogeneity_efficiency`, the
+  paper's v_i = D_i / t_s^i): the fraction of the epoch the ranks spend computing. Where ranks share
+  cores it understates E: a waiting rank yields its core and the others compute faster meanwhile.
+
+``--cycle-time-ms`` sets horovod's cycle time (``horovodrun --cycle-time-ms``, the delay between the
+background thread's negotiation rounds) for every configuration alike; default 0.2 ms (horovod's own
+default is 5 ms, too long against rounds of a few tens of milliseconds; ``--cycle-time-ms 0`` keeps
+horovod's default). Prints a table and writes ``OUT/results.json``.
 
 ``--simulated MS`` instead runs ``tests/mp/taskalloc_adaptive.py`` (digits, small CNN) with a
 *simulated device* that waits MS ms per sample on a timer thread (no CPU), so compute time is
@@ -21,10 +36,18 @@ allocation vs adaptive under ``speeds:1,1,1,0.5``, and BSP vs adaptive with equa
 time = median epoch wall time on rank 0 over epochs ``--skip`` .. end).
 
 Usage: ``.venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/taskalloc_bench``
-(``--simulated 1.0`` for the simulated-device variant).
+(``--simulated 1.0`` for the simulated-device variant). The README's figures came from::
+
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta32 --np 4 --total 32 \
+        --micro-batch 32 --epochs 10 --skip 3 --repeats 3
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta64 --np 4 --total 64 \
+        --micro-batch 32 --epochs 10 --skip 3 --repeats 3
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/tasim --simulated 3.0 --total 28 \
+        --micro-batch 8 --epochs 8 --skip 3 --repeats 2
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,6 +55,9 @@ import sys
 import time
 
 from tabulate import tabulate
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from hetsync.bench import efficiency  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
@@ -70,12 +96,33 @@ def epoch_times(path):
     return [ends[e[0]]] + [ends[b] - ends[a] for a, b in zip(e, e[1:])]
 
 
-def run(name, spec, argv, args, out):
-    cmd = [HOROVODRUN, "--mpi", "-np", str(args.np), PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
-           "--data-dir", args.data_dir, "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
-           "--slowdown", spec, "--quiet", "--out", out] + argv
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+def _env():
+    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+                PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+
+
+def solo_speeds(spec, batches, args, out, cache):
+    """Solo speeds (samples/s, list) of ranks with per-step batches ``batches`` under ``spec``, cached."""
+    key = (spec, tuple(batches))
+    if key not in cache:
+        job = ["examples/keras_digits.py", "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
+               args.model, "--lr", str(args.lr), "--epochs", str(args.solo_epochs)]
+        per_rank = [["--batch-size", str(b), "--epochs", str(math.ceil(args.solo_epochs * b / min(batches)))]
+                    for b in batches]
+        res = efficiency.measure_solo(job, spec, args.np, out, python=PY, cwd=ROOT, env=_env(), timeout_s=900,
+                                      rank_argv=per_rank, common_window=True)
+        cache[key] = res["samples_per_s"]
+    return cache[key]
+
+
+def run(name, spec, argv, args, out, cache=None):
+    cmd = [HOROVODRUN, "--mpi", "-np", str(args.np)]
+    if args.cycle_time_ms > 0:
+        cmd += ["--cycle-time-ms", str(args.cycle_time_ms)]
+    cmd += [PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
+            "--data-dir", args.data_dir, "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
+            "--slowdown", spec, "--quiet", "--out", out] + argv
+    env = _env()
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -93,6 +140,13 @@ def run(name, spec, argv, args, out):
         rec["w_last"] = eps[-1]["w"]
         rec["w_by_epoch"] = [h["w"] for h in eps]
         rec["stable_epoch"] = s["stats"].get("stable_epoch")
+        batches = [w * s["stats"]["micro_batch"] for w in rec["w_last"]]
+    else:
+        batches = [s["batch_size"]] * args.np
+    if cache is not None:
+        solo = solo_speeds(spec, batches, args, out + "_solo", cache)
+        rec["solo_samples_per_s"] = solo
+        rec["e_solo"] = efficiency.efficiency(samples_per_epoch / rec["epoch_s"], solo)
     return rec
 
 
@@ -154,22 +208,34 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--only", default=None, help="comma-separated subset of configuration names")
+    p.add_argument("--cycle-time-ms", type=float, default=0.2,
+                   help="horovod cycle time for every run (ms; 0: horovod's default)")
+    p.add_argument("--solo-epochs", type=int, default=12,
+                   help="epochs of the smallest-batch solo process (the others run proportionally more)")
+    p.add_argument("--no-solo", action="store_true", help="skip the solo speeds and the E they give")
     p.add_argument("--simulated", type=float, default=None, metavar="MS",
                    help="simulated-device variant: MS milliseconds of compute per sample (see above)")
     args = p.parse_args(argv)
+    for name in ("np", "total", "micro_batch", "epochs", "repeats", "solo_epochs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if not 0 <= args.skip < args.epochs:
+        p.error(f"--skip must be in [0, --epochs), got {args.skip}")
+    if args.cycle_time_ms < 0:
+        p.error(f"--cycle-time-ms must be >= 0, got {args.cycle_time_ms}")
     if args.simulated is not None:
         run_simulated(args)
         return 0
     cfgs = configs(args.total, args.micro_batch, args.np)
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only.split(",")}
-    results = []
+    results, cache = [], None if args.no_solo else {}
     for rep in range(args.repeats):
         names = list(cfgs)
         names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order between repeats
         for name in names:
             spec, pargs = cfgs[name]
-            rec = run(name, spec, pargs, args, os.path.join(args.out, f"{name.replace('/', '_')}_{rep}"))
+            rec = run(name, spec, pargs, args, os.path.join(args.out, f"{name.replace('/', '_')}_{rep}"), cache)
             rec["repeat"] = rep
             results.append(rec)
             print(json.dumps(rec), flush=True)
@@ -178,9 +244,11 @@ def main(argv=None):
     med = {n: statistics.median(r["epoch_s"] for r in rs) for n, rs in by.items() if rs}
     rows = [[n, f"{med[n]:.3f}", " ".join(f"{r['epoch_s']:.3f}" for r in rs),
              " ".join(f"{r['samples_per_epoch']:.0f}" for r in rs),
+             " ".join(f"{r['e_solo']:.3f}" for r in rs if "e_solo" in r) or "-",
              " ".join(f"{r['efficiency']:.3f}" for r in rs if "efficiency" in r) or "-",
              " ".join(f"{r['accuracy']:.4f}" for r in rs), rs[-1].get("w_last", "-")] for n, rs in by.items() if rs]
     print(tabulate(rows, headers=["config", "epoch s (median)", "per repeat", "samples/epoch", "E per repeat",
+                                  "E in-run per repeat",
                                   "accuracy", "last w"],
                    tablefmt="github"))
     ratios = {}
@@ -194,6 +262,10 @@ def main(argv=None):
         # per sample is the like-for-like comparison.
         per = {n: statistics.median(r["us_per_sample"] for r in by[n]) for n in ("equal/adaptive", "equal/bsp")}
         ratios["adaptive_vs_bsp_time_per_sample_equal_speeds"] = per["equal/adaptive"] / per["equal/bsp"]
+    for n, rs in by.items():
+        es = [r["e_solo"] for r in rs if "e_solo" in r]
+        if es:
+            ratios[f"e_median/{n}"] = statistics.median(es)
     print(json.dumps(ratios, indent=1))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "runs": results, "median_epoch_s": med, "ratios": ratios}, f, indent=1)

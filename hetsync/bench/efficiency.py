@@ -25,7 +25,7 @@ import time
 
 from .. import slowdown as _slowdown
 
-__all__ = ["steady_rate", "run_rates", "efficiency", "bsp_expected_efficiency", "solo_spec", "measure_solo",
+__all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec", "measure_solo",
            "SoloError", "read_jsonl"]
 
 
@@ -129,15 +129,38 @@ def run_rates(run_dir):
     """
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
-    ranks = []
-    for row in summary["per_rank"]:
-        r = int(row["rank"])
-        if row["steps"] <= 0 or row["samples"] <= 0:
-            raise ValueError(f"{run_dir}: rank {r} ran {row['steps']} steps on {row['samples']} samples")
-        recs = read_jsonl(os.path.join(run_dir, f"rank{r}.jsonl"))
-        if not recs:
-            raise ValueError(f"{run_dir}: rank {r} wrote no step records")
-        ranks.append((r, recs, row["samples"] / row["steps"]))
+    return window_rates([_rank_records(run_dir, row) for row in summary["per_rank"]], run_dir)
+
+
+def _rank_records(folder, row, jsonl=None):
+    """``(rank, records, samples per step)`` of one rank from its ``summary.json`` row."""
+    r = int(row["rank"])
+    if row["steps"] <= 0 or row["samples"] <= 0:
+        raise ValueError(f"{folder}: rank {r} ran {row['steps']} steps on {row['samples']} samples")
+    recs = read_jsonl(os.path.join(folder, jsonl or f"rank{r}.jsonl"))
+    if not recs:
+        raise ValueError(f"{folder}: rank {r} wrote no step records")
+    return r, recs, row["samples"] / row["steps"]
+
+
+def window_rates(ranks, where=""):
+    """Steady-state speeds of ranks that ran at the same time, over their common steady window.
+
+    The window runs from the latest warm-up end to the earliest last step over the ranks (their
+    clocks, ``wall_s``, start at ``on_train_begin``); if it holds fewer than 2 measurable steps of
+    some rank, each rank's measured steps are divided by the whole span from the first warm-up end
+    to the last step of any rank (idle time included, so this errs low) and ``concurrent`` is False.
+
+    Args:
+        ranks: list of ``(rank, records, samples_per_step)``: int, one rank's per-step records (see
+            :func:`steady_rate`), float mean samples per step. where: str, names the run in errors.
+
+    Returns:
+        dict as :func:`run_rates`.
+
+    Raises:
+        ValueError: a run too short to measure.
+    """
     window = (max(recs[_warmup_end(recs)]["wall_s"] for _, recs, _ in ranks),
               min(recs[-1]["wall_s"] for _, recs, _ in ranks))
     try:
@@ -150,7 +173,10 @@ def run_rates(run_dir):
                 - min(recs[_warmup_end(recs)]["wall_s"] for _, recs, _ in ranks))
         rates = []
         for r, recs, sps in ranks:
-            steady_rate(recs, sps)  # raises if the run is too short to measure at all
+            try:
+                steady_rate(recs, sps)  # raises if the run is too short to measure at all
+            except ValueError as exc:
+                raise ValueError(f"{where}: rank {r}: {exc}") from None
             n = _measured_steps(recs)
             rates.append((r, (n / span, n * sps / span)))
         concurrent, window = False, None
@@ -220,7 +246,8 @@ def solo_spec(spec):
     return "+".join(kept) if kept else "none"
 
 
-def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env=None, seed=0, timeout_s=900):
+def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env=None, seed=0, timeout_s=900,
+                 rank_argv=None, common_window=False):
     """Measure v_i for every rank i: ``world_size`` solo processes started together.
 
     The processes start together: each imports TensorFlow, then waits at a file barrier
@@ -228,11 +255,18 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
     ``python JOB --as-rank i --as-world-size n --slowdown solo_spec(spec) --out
     out_dir/rank{i} --protocol bsp --seed seed`` followed by ``job_argv`` (data set, model, epochs,
     batch size... exactly as in the real runs), without any launcher, so each is a world of one
-    rank that never synchronizes. Rates are steady-state (:func:`steady_rate`).
+    rank that never synchronizes. Rates are steady-state (:func:`steady_rate`), each over its own
+    run, or with ``common_window`` over the window in which every solo process was in its steady
+    state (:func:`window_rates`): a process that finishes first then leaves its cores to the
+    others, which would make their solo speeds too high.
 
     Args:
         job_argv: list of str, the training script path then its common arguments (no ``--out``,
             ``--slowdown``, ``--protocol``, ``--seed``).
+        rank_argv: optional list of n lists of str, extra arguments of rank i's process (argparse
+            takes the last of a repeated option, so ``["--batch-size", "352"]`` overrides
+            ``job_argv``'s): e.g. each rank's own per-step workload.
+        common_window: bool, measure every rank over the common steady window (see above).
         spec: str, the scenario of the real runs. world_size: int n >= 1.
         out_dir: str, folder for the solo runs' outputs.
         python: interpreter (default this one). cwd, env: for the subprocesses. seed: int.
@@ -244,7 +278,10 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
 
     Raises:
         SoloError: a process failed or timed out (the message has its command and output tail).
+        ValueError: ``rank_argv`` is not one list per rank.
     """
+    if rank_argv is not None and len(rank_argv) != world_size:
+        raise ValueError(f"rank_argv must hold one argument list per rank ({world_size}), got {len(rank_argv)}")
     python = python or sys.executable
     sspec = solo_spec(spec)
     env = dict(os.environ if env is None else env)
@@ -258,6 +295,8 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
                str(timeout_s)] + list(job_argv) + ["--protocol", "bsp", "--slowdown", sspec, "--seed", str(seed),
                                            "--as-rank", str(r), "--as-world-size", str(world_size),
                                            "--out", os.path.join(out_dir, f"rank{r}"), "--quiet"]
+        if rank_argv is not None:
+            cmd += list(rank_argv[r])
         procs.append((cmd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True)))
     failures = []
@@ -273,7 +312,15 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
             failures.append(f"{' '.join(cmd)} exited {p.returncode}\n{out[-3000:]}")
     if failures:
         raise SoloError("solo-speed measurement failed:\n" + "\n".join(failures))
-    rates = [run_rates(os.path.join(out_dir, f"rank{r}")) for r in range(world_size)]
+    if common_window:  # each solo process is rank 0 of its own world, in its own folder
+        ranks = []
+        for r in range(world_size):
+            with open(os.path.join(out_dir, f"rank{r}", "summary.json")) as f:
+                row = json.load(f)["per_rank"][0]
+            ranks.append(_rank_records(os.path.join(out_dir, f"rank{r}"), dict(row, rank=r), "rank0.jsonl"))
+        rates = window_rates(ranks, out_dir)["per_rank"]
+    else:
+        rates = [run_rates(os.path.join(out_dir, f"rank{r}")) for r in range(world_size)]
     samples = [rt["samples_per_s"] for rt in rates]
     return {"spec": sspec, "samples_per_s": samples, "steps_per_s": [rt["steps_per_s"] for rt in rates],
             "bsp_expected_e": bsp_expected_efficiency(samples), "wall_s": time.time() - t0}

@@ -218,7 +218,11 @@ def heterogeneity_efficiency(samples, compute_s, wall_s):
     the epoch, t_s^i = its compute seconds (waiting excluded), T = the epoch's wall time (the
     protocol passes the epoch without its first step, which carries tracing and rank 0's
     evaluation). E = 1 when no rank ever waits or communicates; BSP under fixed speeds gets about
-    n min_i v_i / sum_i v_i.
+    n min_i v_i / sum_i v_i. This is the in-run stand-in for the GUIDE's E, which divides by the
+    ranks' speeds measured alone (:mod:`hetsync.bench.efficiency`). On dedicated devices the two
+    agree; where ranks share cores this one reads low, because a waiting rank yields its core and
+    the ranks still computing run faster meanwhile (4 ranks on 2 cores, equal speeds, a perfectly
+    balanced job: 0.70-0.81 here against 0.92-0.98 by the solo speeds).
 
     Args:
         samples: sequence of n sample counts D_i. compute_s: sequence of n floats t_s^i > 0
