@@ -3,9 +3,9 @@
 Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np N`` (``--np``, default 4) for each
 configuration below, interleaved, ``--repeats`` times (the machine is shared and noisy):
 
-* ``speeds:1,...,1,0.5`` (the last rank twice slower; ``speeds:1,1,1,0.5`` on 4 ranks): task allocation with an equal static allocation vs
-  self-adaptive allocation (same C, same micro-batch, so the same global batch), plus BSP with the
-  same global batch for reference;
+* ``speeds:1,...,1,0.5`` (the last rank twice slower; ``speeds:1,1,1,0.5`` on 4 ranks): task
+  allocation with an equal static allocation vs self-adaptive allocation (same C, same
+  micro-batch, so the same global batch), plus BSP with the same global batch for reference;
 * no slowdown: BSP vs self-adaptive task allocation (same global batch).
 
 Epoch time is measured from rank 0's per-step records (``rank0.jsonl``): the duration of epoch e is

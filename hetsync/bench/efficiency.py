@@ -25,8 +25,8 @@ import time
 
 from .. import slowdown as _slowdown
 
-__all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec", "measure_solo",
-           "SoloError", "read_jsonl"]
+__all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec",
+           "measure_solo", "SoloError", "read_jsonl"]
 
 
 class SoloError(RuntimeError):

@@ -222,7 +222,7 @@ def heterogeneity_efficiency(samples, compute_s, wall_s):
     ranks' speeds measured alone (:mod:`hetsync.bench.efficiency`). On dedicated devices the two
     agree; where ranks share cores this one reads low, because a waiting rank yields its core and
     the ranks still computing run faster meanwhile (4 ranks on 2 cores, equal speeds, a perfectly
-    balanced job: 0.70-0.81 here against 0.92-0.98 by the solo speeds).
+    balanced job: 0.70-0.84 here against 0.92-1.05 by the solo speeds).
 
     Args:
         samples: sequence of n sample counts D_i. compute_s: sequence of n floats t_s^i > 0
@@ -610,7 +610,8 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
 
     ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
     compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
-    epoch excluded; as a per-step median pooled over the epochs of the current allocation) and set w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
+    epoch excluded; as a per-step median pooled over the epochs of the current allocation) and set
+    w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
     :func:`round_allocation` (largest remainder, sum C, w_i >= 1). A new allocation is adopted only
     if it is predicted to shorten a round by more than ``threshold`` (:func:`predicted_gain`: the
     slowest rank's compute time max_i w_i b / v_i, before against after); after
