@@ -25,7 +25,8 @@ median over epochs ``--skip`` .. end ("once stable"). Two heterogeneity efficien
   cores it understates E: a waiting rank yields its core and the others compute faster meanwhile.
 
 ``--cycle-time-ms`` sets horovod's cycle time (``horovodrun --cycle-time-ms``, the delay between the
-background thread's negotiation rounds) for every configuration alike; default 0.2 ms (horovod's own
+background thread's negotiation rounds) for every real-CPU configuration alike (the simulated
+variant keeps horovod's default); default 0.2 ms (horovod's own
 default is 5 ms, too long against rounds of a few tens of milliseconds; ``--cycle-time-ms 0`` keeps
 horovod's default). Prints a table and writes ``OUT/results.json``.
 
@@ -56,10 +57,10 @@ import time
 
 from tabulate import tabulate
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 from hetsync.bench import efficiency  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
 
@@ -153,9 +154,7 @@ def run(name, spec, argv, args, out, cache=None):
 def run_simulated(args):
     """Simulated device: equal static vs adaptive allocation under speeds:1,1,1,0.5, and BSP vs
     adaptive with equal speeds (same global batch); returns the results dict."""
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT,
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(_env(), PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(args.out, exist_ok=True)
     runs = []
     cases = [("equal", "speeds:1,1,1,0.5", ["--mode", "static", "--weights", ",".join([str(args.total // 4)] * 4)]),
