@@ -53,7 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--target-accuracy", type=float, default=0.9, help="test accuracy for time_to_target_s")
     p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (default: per epoch)")
-    p.add_argument("--slowdown", default="none", help="straggler scenario spec, e.g. random:6, speeds:1,1,1,0.5")
+    p.add_argument("--slowdown", default="none", help="straggler scenario spec, e.g. random:6, speeds:1,1,1,0.5; "
+                   "add device:MS to run on the emulated cluster (MS milliseconds per step of --batch-size "
+                   "samples), e.g. device:40+random:6")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--partition", default="iid", help="training data split over ranks: iid (the protocol's own "
                    "order) or label-skew:K (non-IID: each rank holds the samples of K labels)")
@@ -136,6 +138,9 @@ def main(argv=None):
                 ("final test accuracy", f"{summary['final_test_accuracy']:.4f}"),
                 ("samples/s", f"{summary['samples_per_s']:.0f}"),
                 ("weights in sync", f"{summary['weights_in_sync']} (max diff {diff:.2g})"),
+                ("overrun steps", "no emulated device" if not summary["emulated_steps"] else
+                 f"{summary['overrun_steps']} of {summary['emulated_steps']} emulated steps"
+                 + ("" if summary["emulation_valid"] else " (emulation INVALID: over 1%)")),
                 ("summary", os.path.join(args.out, "summary.json"))]
         print(tabulate(rows, tablefmt="plain"))
     return summary

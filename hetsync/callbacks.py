@@ -83,13 +83,18 @@ class ProtocolHooks(keras.callbacks.Callback):
 
 
 class Slowdown(keras.callbacks.Callback):
-    """Inject a straggler scenario into every training step (GUIDE section 2).
+    """Inject a straggler scenario into every training step (GUIDE section 2), optionally on an
+    emulated device (``device:MS``).
 
     Each step it draws this rank's ``(factor K, extra_ms)`` from the seeded scenario and stamps
     the step's start time into :func:`hetsync.slowdown.step_control`; inside the compiled step the
-    delay op holds the gradients back for (K - 1) x compute time + extra_ms. The first step of
-    each ``fit`` (tracing and compilation) is not slowed. ``netdelay:MS`` sets
-    :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
+    delay op holds the gradients back for (K - 1) x compute time + extra_ms. With a ``device:MS``
+    part the step is instead padded to exactly K x MS x samples / b + extra_ms milliseconds from
+    its start to its gradients (samples: :meth:`hetsync.protocols.Protocol.step_samples` of the
+    step, b: the protocol's ``batch_size``; MS per step when either is unknown); a step whose real
+    compute took longer is an overrun (counted by the protocol's ``overrun`` statistic). The first
+    step of each ``fit`` (tracing and compilation) is neither slowed nor padded. ``netdelay:MS``
+    sets :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
 
     Put it *first* in the callback list so the stamped start time excludes other callbacks.
 
@@ -126,19 +131,33 @@ class Slowdown(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._first = True
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
+        self._protocol = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
+
+    def device_ms(self, batch):
+        """Emulated device time of step ``batch`` before the scenario's factor, in milliseconds:
+        MS x samples / b (0.0 without a ``device`` part; MS if samples or b is unknown)."""
+        ms = self.scenario.device_ms
+        if ms is None:
+            return 0.0
+        p = self._protocol
+        samples, b = (p.step_samples(batch), p.batch_size) if p is not None else (None, None)
+        if samples is None or not b:
+            return float(ms)
+        return float(ms) * float(samples) / float(b)
 
     def on_train_batch_begin(self, batch, logs=None):
         factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
+        device_ms = self.device_ms(batch)
         if self._first:
             # The first step of a fit mostly traces and compiles the step function; slowing it
             # K times would inject seconds that no real slower device would add. The draw is
             # still consumed so the per-rank sequence of later steps does not depend on this.
             self._first = False
-            factor, extra_ms = 1.0, 0.0
-        self._step.assign([time.time(), factor, extra_ms])
+            factor, extra_ms, device_ms = 1.0, 0.0, 0.0
+        self._step.assign([time.time(), factor, extra_ms, device_ms])
 
     def on_train_end(self, logs=None):
-        self._step.assign([0.0, 1.0, 0.0])
+        self._step.assign([0.0, 1.0, 0.0, 0.0])
         self._sync.assign([0.0, 1.0, 0.0])
 
 
@@ -253,7 +272,11 @@ class SyncMetrics(keras.callbacks.Callback):
     ``wall_s`` (seconds since training began), ``step_ms`` (wall time of the step, milliseconds),
     ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms`` (time inside
     synchronization), and every protocol statistic (:meth:`hetsync.protocols.Protocol.step_stats`).
-    Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
+    On an emulated device (``device:MS``) each rank also counts its emulated steps and its
+    *overrun* steps (real compute longer than the emulated time); the summary holds them per rank
+    (``emulated_steps``, ``overrun_steps``) and in total (``overrun_fraction``, ``emulation_valid``:
+    at most :data:`hetsync.slowdown.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
+    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
     completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
     the data did not come from it). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
@@ -267,7 +290,8 @@ class SyncMetrics(keras.callbacks.Callback):
     """
 
     #: per-rank totals gathered at the end, in this order.
-    TOTALS = ("steps", "samples", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total")
+    TOTALS = ("steps", "samples", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total",
+              "emulated_steps", "overrun_steps")
 
     def __init__(self, log_dir, optimizer=None):
         super().__init__()
@@ -313,6 +337,8 @@ class SyncMetrics(keras.callbacks.Callback):
         t["delay_ms_total"] += rec.get("delay_ms", 0.0)
         t["compute_ms_total"] += rec.get("compute_ms", 0.0)
         t["sync_wait_ms_total"] += rec.get("sync_wait_ms", 0.0)
+        t["emulated_steps"] += 1.0 if rec.get("emulated_ms", 0.0) > 0 else 0.0
+        t["overrun_steps"] += rec.get("overrun", 0.0)
         if self._writer is not None:
             with self._writer.as_default(step=self._step):
                 for k in ("loss", "step_ms", "delay_ms", "sync_wait_ms"):
@@ -330,7 +356,10 @@ class SyncMetrics(keras.callbacks.Callback):
         gathered = transport.allgather(mine, name="hetsync_metrics_totals").numpy()
         self.per_rank = [dict(zip(self.TOTALS, map(float, row)), rank=r) for r, row in enumerate(gathered)]
         for row in self.per_rank:
-            row["steps"], row["samples"] = int(row["steps"]), int(row["samples"])
+            for k in ("steps", "samples", "emulated_steps", "overrun_steps"):
+                row[k] = int(row[k])
+        emulated = sum(r["emulated_steps"] for r in self.per_rank)
+        overruns = sum(r["overrun_steps"] for r in self.per_rank)
         self.summary = {
             "protocol": self.protocol.name,
             "protocol_config": self.protocol.config(),
@@ -339,7 +368,16 @@ class SyncMetrics(keras.callbacks.Callback):
             "wall_s": max(r["wall_s"] for r in self.per_rank),
             "per_rank": self.per_rank,
             "stats": self.protocol.summary_stats(),
+            "emulated_steps": emulated,
+            "overrun_steps": overruns,
+            "overrun_fraction": overruns / emulated if emulated else 0.0,
+            "emulation_valid": (overruns <= slowdown.OVERRUN_WARN_FRACTION * emulated) if emulated else None,
         }
+        if self.rank == 0 and emulated and overruns > slowdown.OVERRUN_WARN_FRACTION * emulated:
+            log.warning("hetsync: %d of %d emulated steps (%.1f%%) overran their device time (per rank: %s): the "
+                        "real compute took longer than device:MS allows, so this run does not measure the emulated "
+                        "cluster; raise MS or lower the load", overruns, emulated, 100.0 * overruns / emulated,
+                        [r["overrun_steps"] for r in self.per_rank])
         self.write_summary()
 
     def write_summary(self, **extra):

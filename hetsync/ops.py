@@ -85,11 +85,15 @@ def delay(tensors, control, name=None):
 
     Args:
         tensors: list of tensors of any dtype and shape (may be empty); returned unchanged.
-        control: float64 tensor of shape ``[3]``: ``[step_start_s, factor, extra_ms]``.
-            ``step_start_s`` is wall-clock time in seconds since the epoch at which the step's
-            compute began (0: unknown, compute time taken as 0); ``factor`` K >= 1 adds
-            (K - 1) x the compute time measured up to this op; ``extra_ms`` >= 0 adds a constant
-            number of milliseconds.
+        control: float64 tensor of shape ``[3]`` ``[step_start_s, factor, extra_ms]`` or ``[4]``
+            ``[step_start_s, factor, extra_ms, device_ms]``. ``step_start_s`` is wall-clock time
+            in seconds since the epoch at which the step's compute began (0: unknown, compute
+            time taken as 0); ``factor`` K >= 1 adds (K - 1) x the compute time measured up to
+            this op; ``extra_ms`` >= 0 adds a constant number of milliseconds. ``device_ms`` > 0
+            emulates a device (scenario ``device:MS``): the op then completes once the step has
+            lasted K x device_ms + extra_ms milliseconds since ``step_start_s`` (delay = that
+            minus the compute time, never negative: a step whose compute took longer is an
+            *overrun* and is not shortened).
         name: optional op name.
 
     Returns:
@@ -98,8 +102,8 @@ def delay(tensors, control, name=None):
         scalar).
 
     Raises:
-        tf.errors.InvalidArgumentError: ``control`` is not of shape [3], ``factor`` < 1, or
-            ``extra_ms`` < 0 (raised when the op runs).
+        tf.errors.InvalidArgumentError: ``control`` is not of shape [3] or [4], ``factor`` < 1,
+            ``extra_ms`` < 0 or ``device_ms`` < 0 (raised when the op runs).
     """
     lib = load_library()
     outputs, delay_ms, compute_ms = lib.hetsync_delay(list(tensors), tf.cast(control, tf.float64), name=name)

@@ -421,4 +421,5 @@ def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):
     if hasattr(protocol, "fit_local_data"):
         return protocol.fit_local_data(x[mine], y[mine], batch_size, seed=seed)
     protocol.samples_per_epoch = len(mine)
+    protocol.batch_size = int(batch_size)
     return {"x": x[mine], "y": y[mine], "batch_size": batch_size, "shuffle": True}

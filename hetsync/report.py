@@ -41,11 +41,18 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _overruns(s):
+    """``"overrun/emulated"`` steps of an emulated run (``"!"`` appended when over 1%), "-" otherwise."""
+    if not s.get("emulated_steps"):
+        return "-"
+    return f"{s.get('overrun_steps', 0)}/{s['emulated_steps']}" + ("" if s.get("emulation_valid", True) else " !")
+
+
 def comparison_rows(summaries):
     """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time."""
     bsp = next((s for s in summaries if s.get("protocol") == "bsp"), None)
     headers = ["protocol", "scenario", "ranks", "steps", "wall s", "time to target s", "speed-up vs BSP",
-               "final acc", "samples/s", "weights in sync"]
+               "final acc", "samples/s", "weights in sync", "overrun steps"]
     rows = []
     for s in summaries:
         ttt = s.get("time_to_target_s")
@@ -55,7 +62,7 @@ def comparison_rows(summaries):
         rows.append([s.get("protocol"), s.get("scenario"), s.get("world_size"), s.get("steps"),
                      _fmt(s.get("wall_s"), ".1f"), _fmt(ttt, ".1f"), _fmt(speedup, ".2f") + ("x" if speedup else ""),
                      _fmt(s.get("final_test_accuracy"), ".4f"), _fmt(s.get("samples_per_s"), ".0f"),
-                     s.get("weights_in_sync")])
+                     s.get("weights_in_sync"), _overruns(s)])
     return headers, rows
 
 

@@ -11,11 +11,26 @@ A scenario is a spec string, several joined with ``+``:
 ``speeds:S0,S1,...``       fixed per-rank speed factors, one per rank; rank i is max(S)/S_i times
                            slower (task allocation: speeds:1,1,1,0.5)
 ``netdelay:MS``            extra latency of MS milliseconds on every synchronization (slow network)
+``device:MS``              emulated accelerator: a step of the run's per-rank batch size b takes MS
+                           milliseconds on the reference device (MS x samples / b for a step of
+                           another size); the other parts scale it (see below)
 =========================  ==========================================================================
 
-"K times slower" means the step takes K times its measured compute time: the compiled delay op
-(:func:`hetsync.ops.delay`) holds the gradients back for (K - 1) x the compute time measured
-since the step began. Combined specs multiply their factors and add their extra milliseconds.
+Without ``device``, "K times slower" means the step takes K times its measured compute time: the
+compiled delay op (:func:`hetsync.ops.delay`) holds the gradients back for (K - 1) x the compute
+time measured since the step began. Combined specs multiply their factors and add their extra
+milliseconds.
+
+With ``device:MS`` (the *emulated cluster*) every step is padded, from its start to its gradients
+being ready, to exactly K x MS x samples / b + extra milliseconds of wall time, whatever the real
+compute took: the real math still runs inside, but the step's duration is the emulated device's,
+as on a cluster where each rank computes on its own accelerator while the host CPU is free for
+communication. ``random``, ``deterministic``, ``speeds`` and ``uniform`` keep their meaning
+relative to the device time; ``netdelay`` still adds its latency to every synchronization. A step
+whose real compute exceeds its emulated time is not shortened: it is an *overrun*, counted per rank
+(:class:`hetsync.callbacks.SyncMetrics`); more than 1% overrun steps make the emulation invalid for
+that run (a warning on rank 0; the benchmark marks the row). The emulation models per-rank devices
+and their speeds, not host-side compute outside the step, memory or network bandwidth.
 Draws are seeded per rank (``numpy.random.default_rng([seed, rank])``) and so reproducible.
 
 The process-wide control variables read by every wrapped optimizer live here, so the delay op is
@@ -30,7 +45,7 @@ import numpy as np
 
 __all__ = [
     "Scenario", "Component", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
-    "parse_spec", "step_control", "sync_control",
+    "Device", "parse_spec", "OVERRUN_WARN_FRACTION", "step_control", "sync_control",
 ]
 
 
@@ -131,6 +146,24 @@ class NetDelay(Component):
         return 1.0, 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Device(Component):
+    """``device:MS``: the emulated device; a step of b samples (the run's per-rank batch size) takes MS ms.
+
+    The step of a rank drawing ``(K, extra_ms)`` from the other components lasts
+    K x MS x samples / b + extra_ms milliseconds of wall time (see the module docstring).
+
+    Attributes:
+        ms: float > 0, milliseconds per step of b samples on the reference device.
+    """
+
+    ms: float
+
+
+#: fraction of overrun steps above which an emulated run is invalid (warned on rank 0, marked by the bench).
+OVERRUN_WARN_FRACTION = 0.01
+
+
 def _num(text, what, spec, minimum=None, integer=False):
     try:
         value = int(text) if integer else float(text)
@@ -143,13 +176,13 @@ def _num(text, what, spec, minimum=None, integer=False):
 
 
 _USAGE = ("allowed: none, random:K, deterministic:RANK:K, uniform:A_MS:B_MS, speeds:S0,S1,..., "
-          "netdelay:MS, joined with '+'")
+          "netdelay:MS, device:MS, joined with '+'")
 
 
 def _parse_one(part):
     name, _, rest = part.partition(":")
     args = rest.split(":") if rest else []
-    arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1}
+    arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1, "device": 1}
     if name not in arity:
         raise ValueError(f"unknown slowdown scenario {name!r} in {part!r}; {_USAGE}")
     if len(args) != arity[name]:
@@ -170,6 +203,12 @@ def _parse_one(part):
         if any(s <= 0 for s in speeds):
             raise ValueError(f"slowdown spec {part!r}: speeds must be > 0, got {args[0]!r}")
         return Speeds(speeds)
+    if name == "device":
+        ms = _num(args[0], "MS (milliseconds per step of the run's batch size)", part)
+        if ms <= 0:
+            raise ValueError(f"slowdown spec {part!r}: MS (milliseconds per step of the run's batch size) must "
+                             f"be > 0, got {args[0]!r}")
+        return Device(ms)
     return NetDelay(_num(args[0], "MS", part, minimum=0))
 
 
@@ -179,11 +218,42 @@ class Scenario:
 
     Attributes:
         spec: str, the normalised spec string ("none" if empty).
-        components: tuple of RandomSlowdown / DeterministicSlowdown / UniformDelay / Speeds / NetDelay.
+        components: tuple of RandomSlowdown / DeterministicSlowdown / UniformDelay / Speeds / NetDelay /
+            Device.
     """
 
     spec: str
     components: tuple
+
+    @property
+    def device_ms(self):
+        """Emulated device time in milliseconds per step of the run's batch size (float), or None
+        without a ``device`` part."""
+        ms = [c.ms for c in self.components if isinstance(c, Device)]
+        return ms[0] if ms else None
+
+    def expected_extra_ms(self, rank, world_size):
+        """Mean additive delay of ``rank`` in milliseconds per step (sum of the ``uniform`` means)."""
+        del rank, world_size  # the same for every rank
+        return float(sum((c.low_ms + c.high_ms) / 2 for c in self.components if isinstance(c, UniformDelay)))
+
+    def expected_step_ms(self, rank, world_size, samples=1, batch_size=1):
+        """Expected emulated duration of one step of ``rank`` in milliseconds (``device`` scenarios only).
+
+        E[K] x MS x samples / batch_size + E[extra]: the analytic solo speed of the rank is
+        samples / this (the factor and the additive delays are drawn independently).
+
+        Args:
+            rank, world_size: ints. samples, batch_size: the step's samples and the run's per-rank
+                batch size b (the reference of MS); their ratio scales the device time.
+
+        Raises:
+            ValueError: the scenario has no ``device`` part.
+        """
+        if self.device_ms is None:
+            raise ValueError(f"scenario {self.spec!r} has no device:MS part: its step time is the real compute time")
+        return (self.expected_factor(rank, world_size) * self.device_ms * samples / batch_size
+                + self.expected_extra_ms(rank, world_size))
 
     @property
     def sync_latency_ms(self):
@@ -197,6 +267,8 @@ class Scenario:
             ValueError: a ``deterministic`` rank outside [0, world_size) or a ``speeds`` list whose
                 length differs from world_size.
         """
+        if sum(isinstance(c, Device) for c in self.components) > 1:
+            raise ValueError(f"slowdown spec {self.spec!r} has more than one device:MS part; give one")
         for c in self.components:
             if hasattr(c, "validate"):
                 c.validate(world_size)
@@ -253,7 +325,10 @@ def parse_spec(spec):
     parts = [p.strip() for p in text.split("+")]
     if any(not p for p in parts):
         raise ValueError(f"slowdown spec {spec!r} has an empty part; {_USAGE}")
-    return Scenario(text, tuple(_parse_one(p) for p in parts))
+    scenario = Scenario(text, tuple(_parse_one(p) for p in parts))
+    if sum(isinstance(c, Device) for c in scenario.components) > 1:
+        raise ValueError(f"slowdown spec {spec!r} has more than one device:MS part; give one")
+    return scenario
 
 
 # --- process-wide control variables read inside every compiled step -----------------------------
@@ -274,8 +349,9 @@ def _control(name, initial):
 
 
 def step_control():
-    """The float64 variable of shape [3] ``[step_start_s, factor, extra_ms]`` fed to the step's delay op."""
-    return _control("step_control", [0.0, 1.0, 0.0])
+    """The float64 variable of shape [4] ``[step_start_s, factor, extra_ms, device_ms]`` fed to the step's
+    delay op (``device_ms`` 0: no emulated device; see :func:`hetsync.ops.delay`)."""
+    return _control("step_control", [0.0, 1.0, 0.0, 0.0])
 
 
 def sync_control():

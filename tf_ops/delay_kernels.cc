@@ -1,5 +1,6 @@
 // Kernel of HetsyncDelay (see ops.cc): an asynchronous pass-through that
-// completes after (factor - 1) * compute_time + extra_ms.
+// completes after (factor - 1) * compute_time + extra_ms, or, on an emulated
+// device (device_ms > 0), once the step has lasted factor * device_ms + extra_ms.
 
 #include <algorithm>
 #include <chrono>
@@ -20,14 +21,17 @@ class DelayOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = ctx->num_inputs() - 1;
     const Tensor& control = ctx->input(n);
-    OP_REQUIRES_ASYNC(ctx, control.dims() == 1 && control.NumElements() == 3,
+    OP_REQUIRES_ASYNC(ctx, control.dims() == 1 && (control.NumElements() == 3 ||
+                                                   control.NumElements() == 4),
                       errors::InvalidArgument(
                           "HetsyncDelay: control must be a float64 vector "
-                          "[step_start_s, factor, extra_ms] of length 3, got shape ",
+                          "[step_start_s, factor, extra_ms] or [step_start_s, factor, "
+                          "extra_ms, device_ms] (length 3 or 4), got shape ",
                           control.shape().DebugString()),
                       done);
     const auto c = control.vec<double>();
     const double start_s = c(0), factor = c(1), extra_ms = c(2);
+    const double device_ms = control.NumElements() == 4 ? c(3) : 0.0;
     OP_REQUIRES_ASYNC(ctx, std::isfinite(factor) && factor >= 1.0,
                       errors::InvalidArgument("HetsyncDelay: factor must be a finite "
                                               "number >= 1, got ", factor),
@@ -36,12 +40,21 @@ class DelayOp : public AsyncOpKernel {
                       errors::InvalidArgument("HetsyncDelay: extra_ms must be a finite "
                                               "number >= 0, got ", extra_ms),
                       done);
+    OP_REQUIRES_ASYNC(ctx, std::isfinite(device_ms) && device_ms >= 0.0,
+                      errors::InvalidArgument("HetsyncDelay: device_ms must be a finite "
+                                              "number >= 0, got ", device_ms),
+                      done);
 
     const double now_s =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
             .count();
     const double compute_ms = start_s > 0.0 ? std::max(0.0, (now_s - start_s) * 1e3) : 0.0;
-    const double delay_ms = (factor - 1.0) * compute_ms + extra_ms;
+    // Emulated device: pad the step, from its start to here, to exactly
+    // factor * device_ms + extra_ms; a step whose real compute already took
+    // longer is not shortened (delay 0: an overrun, counted by the caller).
+    const double delay_ms = device_ms > 0.0
+                                ? std::max(0.0, factor * device_ms + extra_ms - compute_ms)
+                                : (factor - 1.0) * compute_ms + extra_ms;
 
     for (int i = 0; i < n; ++i) ctx->set_output(i, ctx->input(i));
     Tensor* out = nullptr;

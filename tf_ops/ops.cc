@@ -44,12 +44,17 @@ Forwards `tensors` unchanged after an injected delay, without holding a
 thread while it waits (AsyncOpKernel + timer thread), so the step behaves
 like one on a slower device.
 
-control: float64 vector of length 3: [step_start_s, factor, extra_ms].
+control: float64 vector [step_start_s, factor, extra_ms] or
+  [step_start_s, factor, extra_ms, device_ms].
   step_start_s: wall-clock time (seconds since the epoch) at which the step
     started; 0 means unknown (compute time taken as 0).
   factor: K >= 1; the delay adds (K - 1) times the compute time measured
     from step_start_s to the moment the op runs.
   extra_ms: constant extra delay in milliseconds (>= 0).
+  device_ms: emulated device time of the step in milliseconds (>= 0, default
+    0 = no emulation). If > 0 the op completes once the step has lasted
+    factor * device_ms + extra_ms since step_start_s (delay = that minus the
+    compute time, at least 0); factor no longer multiplies the compute time.
 outputs: the inputs, unchanged (same buffers).
 delay_ms: the delay that was applied, in milliseconds.
 compute_ms: the compute time measured since step_start_s, in milliseconds.

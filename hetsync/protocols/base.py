@@ -31,7 +31,11 @@ class Protocol:
     * ``compute_ms``: compute time of this step up to the gradients, in milliseconds;
     * ``sync_wait_ms``: time spent inside synchronization this step, in milliseconds
       (including ``netdelay`` latency);
-    * ``syncs``: cumulative number of synchronizations (collective rounds) this rank joined.
+    * ``syncs``: cumulative number of synchronizations (collective rounds) this rank joined;
+    * ``emulated_ms``: on an emulated device (``device:MS``), the step's emulated duration in
+      milliseconds (K x MS x samples / b + extra); 0 otherwise;
+    * ``overrun``: 1 if the step's real compute exceeded its emulated duration (the step was not
+      shortened, so the emulation is off for it), else 0; ``overruns``: their cumulative count.
     """
 
     #: lowercase protocol name used by ``--protocol`` and in summaries.
@@ -44,6 +48,9 @@ class Protocol:
         self._stats = {}
         #: samples this rank processes per epoch (int), set by :meth:`fit_data`; read by SyncMetrics.
         self.samples_per_epoch = None
+        #: the run's per-rank batch size b (int samples), set by :meth:`fit_data`: the reference of
+        #: the emulated device (``device:MS`` costs MS milliseconds per b samples). None if unknown.
+        self.batch_size = None
 
     # -- life cycle ---------------------------------------------------------------------------
     def attach(self, optimizer):
@@ -57,7 +64,7 @@ class Protocol:
         if self.requires_mpi:
             runtime.require_mpi(f"protocol {self.name!r}")
         self.optimizer = optimizer
-        for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs"):
+        for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs", "emulated_ms", "overrun", "overruns"):
             self.add_stat(stat)
         self.build()
 
@@ -106,8 +113,23 @@ class Protocol:
         xs, ys = data.shard(x, y, rank, runtime.size(), seed=seed)
         sampler = partition.LocalSampler(np.arange(len(xs)), int(batch_size), seed=seed, rank=rank)
         self.samples_per_epoch = sampler.steps_per_pass * int(batch_size)
+        self.batch_size = int(batch_size)
         return {"x": partition.BatchDataset(xs, ys, sampler), "steps_per_epoch": sampler.steps_per_pass,
                 "shuffle": False}
+
+    def step_samples(self, batch):
+        """Samples this rank trains on in step ``batch`` of the current epoch (int), or None if unknown.
+
+        Read by :class:`hetsync.callbacks.Slowdown` before the step starts, so that an emulated
+        device (``device:MS``) charges MS x samples / :attr:`batch_size` milliseconds for it.
+        Default: :attr:`batch_size` (every step a full batch). Protocols whose per-step sample
+        count differs from b override this (task allocation: w_i micro-batches; SelSync with data
+        injection: the local plus the injected samples).
+
+        Args:
+            batch: int >= 0, the step's index within the epoch (Keras' ``batch``).
+        """
+        return self.batch_size
 
     # -- the step -------------------------------------------------------------------------------
     def apply(self, grads, variables, local_apply):
@@ -180,11 +202,18 @@ class Protocol:
         grads = list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         dense = [tf.convert_to_tensor(grads[i]) for i in present]
-        delayed, delay_ms, compute_ms = ops.delay(dense, slowdown.step_control(), name="hetsync_step_delay")
+        control = tf.convert_to_tensor(slowdown.step_control())
+        delayed, delay_ms, compute_ms = ops.delay(dense, control, name="hetsync_step_delay")
         for i, g in zip(present, delayed):
             grads[i] = g
+        emulated = control[3] > 0.0
+        target_ms = tf.where(emulated, control[1] * control[3] + control[2], tf.constant(0.0, tf.float64))
+        overrun = tf.cast(tf.logical_and(emulated, compute_ms > target_ms), tf.float64)
         self._stats["delay_ms"].assign(delay_ms)
         self._stats["compute_ms"].assign(compute_ms)
+        self._stats["emulated_ms"].assign(target_ms)
+        self._stats["overrun"].assign(overrun)
+        self._stats["overruns"].assign_add(overrun)
         self._stats["sync_wait_ms"].assign(tf.constant(0.0, tf.float64))
         return self.apply(grads, variables, local_apply)
 

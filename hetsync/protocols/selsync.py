@@ -133,6 +133,7 @@ class SelSyncProtocol(Protocol):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"SelSync: batch_size must be an int >= 1, got {batch_size!r}")
         n = runtime.size()
+        self.batch_size = int(batch_size)
         if not self.injecting:
             self.batch_size_local = self.batch_size_effective = int(batch_size)
             return int(batch_size)
@@ -193,6 +194,11 @@ class SelSyncProtocol(Protocol):
         self.data_source = "local"
         sampler = partition.LocalSampler(np.arange(len(x)), b_local, seed=seed, rank=runtime.rank())
         return self._dataset(x, y, sampler, seed)
+
+    def step_samples(self, batch):
+        """Samples of one step: b' local plus the injected ones (b without injection), see
+        :meth:`hetsync.protocols.Protocol.step_samples`."""
+        return self.batch_size_effective
 
     # -- the step -----------------------------------------------------------------------------------
     def relative_change(self, grads):
