@@ -90,6 +90,11 @@ def test_plan_rounds_merges_a_last_round_smaller_than_the_world():
     ({"weights": [3], "total": 4}, r"total C=4 but the weights \[3\] sum to 3"),
     ({"threshold": 1.5}, "threshold must be a number in \\[0, 1\\)"),
     ({"patience": 0}, "patience .* must be an integer >= 1, got 0"),
+    ({"micro_batch": 0}, "micro_batch must be None .* or an integer >= 1 .*, got 0$"),
+    ({"micro_batch": -4}, "micro_batch must be None .* got -4$"),
+    ({"micro_batch": 2.5}, "micro_batch must be None .* got 2.5$"),
+    ({"micro_batch": True}, "micro_batch must be None .* got True$"),
+    ({"micro_batch": "4"}, "micro_batch must be None .* got '4'$"),
 ])
 def test_bad_arguments_are_refused_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -111,8 +116,9 @@ def test_fit_data_checks_and_cli_registration(tmp_path):
         proto.fit_data(np.zeros((10, 2)), np.zeros(10), 0)
     with pytest.raises(ValueError, match="x has 10 samples but y has 9"):
         proto.fit_data(np.zeros((10, 2)), np.zeros(9), 2)
-    assert hetsync.protocols.parse_protocol_args("taskalloc", ["mode=adaptive", "weights=[1]", "total=1"]) == {
-        "mode": "adaptive", "weights": [1], "total": 1}
+    assert hetsync.protocols.parse_protocol_args(
+        "taskalloc", ["mode=adaptive", "weights=[1]", "total=1", "micro_batch=4"]) == {
+        "mode": "adaptive", "weights": [1], "total": 1, "micro_batch": 4}
     assert hetsync.protocols.get_wrapper("taskalloc") is hetsync.TaskAllocation
 
 
@@ -130,9 +136,11 @@ def test_single_process_static_training_runs_one_step_per_round():
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.2), weights=[4])
     model.compile(opt, "sparse_categorical_crossentropy")
-    hist = model.fit(**opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 16), epochs=2, verbose=0,
+    # b = 64 on one rank: BSP's global batch of 64 samples, 4 micro-batches of 16
+    hist = model.fit(**opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 64), epochs=2, verbose=0,
                      callbacks=hetsync.callbacks.standard(opt))
     s = opt.hetsync_protocol.summary_stats()
+    assert s["micro_batch"] == 16 and s["global_batch"] == 64 and s["batch_size"] == 64
     rounds = int(np.ceil(len(ds.x_train) / 64))
     assert s["rounds_per_epoch"] == rounds and s["syncs"] == 2 * rounds and int(opt.iterations.numpy()) == 2 * rounds
     assert [e["samples"] for e in s["epochs"]] == [[len(ds.x_train)]] * 2
@@ -145,7 +153,8 @@ def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_thres
     monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=28, threshold=0.05, patience=2)
     proto = opt.hetsync_protocol
-    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 5)
+    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 35)  # 4 x 35 = 140 samples per round: micro-batch 5
+    assert proto.micro_batch == 5
     speeds = {"now": [100.0, 100.0, 100.0, 50.0]}
 
     def fake_allgather(tensor, name=None):
@@ -196,7 +205,7 @@ def test_adaptive_adopts_a_small_move_that_unloads_the_bottleneck(monkeypatch):
     monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[9, 10, 8, 5], threshold=0.05)
     proto = opt.hetsync_protocol
-    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 5)
+    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 40)  # 4 x 40 = 160 samples = 32 micro-batches of 5
     speeds = [9800.0, 10200.0, 8100.0, 3900.0]  # eq. (10): C v / sum v = [9.8, 10.2, 8.1, 3.9]
 
     def fake_allgather(tensor, name=None):
@@ -221,7 +230,7 @@ def test_speed_is_pooled_over_the_epochs_of_one_allocation_and_reset_when_it_cha
     monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="static", weights=[8, 8, 8, 8])
     proto = opt.hetsync_protocol
-    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 5)
+    proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 40)  # micro-batches of 5
     clock = {"t": 0.0}
     monkeypatch.setattr(ta.time, "perf_counter", lambda: clock["t"])
     speeds = []
@@ -235,6 +244,7 @@ def test_speed_is_pooled_over_the_epochs_of_one_allocation_and_reset_when_it_cha
         cb.on_epoch_begin(epoch)
         for batch in range(proto.rounds):
             cb.on_train_batch_begin(batch)
+            assert cb._m == proto.step_samples(batch) == proto.counts[batch, 0]
             clock["t"] += dt
             cb.on_train_batch_end(batch)
         rates += [proto.counts[k, 0] / dt for k in range(1, proto.rounds)]
@@ -251,7 +261,7 @@ def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_rel
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), weights=[2]).hetsync_protocol
     proto.build()
     x, y = np.arange(40, dtype=np.float32)[:, None], np.arange(40)
-    fit = proto.fit_data(x, y, 4)
+    fit = proto.fit_data(x, y, 8)  # one rank, b = 8: 2 micro-batches of 4 per round
     data = fit["x"]
     assert fit["steps_per_epoch"] == proto.rounds == 5 and data.num_batches is None
     epoch0 = sorted(int(v) for t in range(5) for v in data[t][0][:, 0])
@@ -276,3 +286,99 @@ def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_rel
     # after the fit, requests for unplanned epochs return at once (never trained on)
     proto.end_fit()
     assert proto.indices_for(7, 0) is None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_default_micro_batch_keeps_bsps_global_batch(n):
+    # adaptive default C = 8 n, b = 32: micro-batches of 4, global batch n x 32 (BSP's)
+    assert ta.default_micro_batch(n, 32, 8 * n) == 4
+    # static default C = n: the micro-batch is b
+    assert ta.default_micro_batch(n, 32, n) == 32
+    for b in (1, 5, 32, 100):
+        for c in (n, 2 * n, 8 * n, 3 * n + 1):
+            mb = ta.default_micro_batch(n, b, c)
+            assert mb >= 1 and isinstance(mb, int)
+            if (n * b) % c == 0:
+                assert c * mb == n * b
+            elif n * b >= c:  # nearest multiple of C: within C / 2 samples of BSP's n b
+                assert abs(c * mb - n * b) <= c / 2
+
+
+def test_default_micro_batch_rounds_and_refuses_bad_values():
+    assert ta.default_micro_batch(4, 8, 28) == 1  # 32 / 28 = 1.14: global batch 28
+    assert ta.default_micro_batch(2, 5, 4) == 3  # 10 / 4 = 2.5: halves round up, global batch 12
+    assert ta.default_micro_batch(1, 1, 8) == 1  # below one sample: at least 1, global batch C = 8
+    for args, name, value in (((0, 32, 8), "n", "0"), ((4, 0, 8), "batch_size", "0"), ((4, 32, 2.0), "total", "2.0"),
+                              ((4, True, 8), "batch_size", "True"), ((4, 32, -1), "total", "-1")):
+        with pytest.raises(ValueError, match=f"default_micro_batch: {name} must be an integer >= 1, got {value}$"):
+            ta.default_micro_batch(*args)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_default_adaptive_allocation_has_bsps_global_batch(monkeypatch, n):
+    """The issue's case: adaptive by default, b = 32: C = 8 n micro-batches of 4, n x 32 samples per round."""
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: n)
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive").hetsync_protocol
+    fit = proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 32)
+    assert proto.total == 8 * n and proto.micro_batch == 4 and proto.batch_size == 32
+    assert proto.global_batch == n * 32
+    full = proto.counts[:-1]  # every round but the last, partial one holds BSP's global batch
+    assert len(full) and np.all(full.sum(axis=1) == n * 32) and np.all(full == proto.weights * 4)
+    assert proto.counts.sum() == 1000 and fit["steps_per_epoch"] == proto.rounds == int(np.ceil(1000 / (n * 32)))
+    s = proto.summary_stats()
+    assert (s["micro_batch"], s["global_batch"], s["batch_size"], s["total"]) == (4, n * 32, 32, 8 * n)
+    assert proto.config()["micro_batch"] is None
+
+
+def test_explicit_micro_batch_gives_c_micro_batches_of_that_size(monkeypatch):
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", micro_batch=16).hetsync_protocol
+    proto.fit_data(np.zeros((2000, 2)), np.zeros(2000), 32)
+    assert proto.total == 32 and proto.micro_batch == 16 and proto.global_batch == 32 * 16  # 4x BSP's 4 x 32
+    assert np.all(proto.counts[:-1] == proto.weights * 16) and proto.counts.sum() == 2000
+    assert proto.config()["micro_batch"] == 16 and proto.summary_stats()["global_batch"] == 512
+    # static with explicit weights: C = sum(w) micro-batches of the given size, whatever b
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), weights=[3, 1, 1, 1], micro_batch=2).hetsync_protocol
+    proto.fit_data(np.zeros((100, 2)), np.zeros(100), 64)
+    assert proto.global_batch == 12 and proto.counts[0].tolist() == [6, 2, 2, 2]
+
+
+def test_step_samples_are_the_counts_of_the_current_plan(monkeypatch):
+    monkeypatch.setattr(hetsync.runtime, "size", lambda: 2)
+    rank = {"r": 0}
+    monkeypatch.setattr(hetsync.runtime, "rank", lambda: rank["r"])
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[3, 1]).hetsync_protocol
+    assert proto.step_samples(0) is None  # no plan before fit_data
+    proto.fit_data(np.zeros((50, 2)), np.zeros(50), 4)  # 2 x 4 = 8 samples per round: micro-batch 2
+    assert proto.counts.tolist() == [[6, 2]] * 6 + [[1, 1]]
+    for r in (0, 1):
+        rank["r"] = r
+        assert [proto.step_samples(t) for t in range(proto.rounds)] == proto.counts[:, r].tolist()
+        assert proto.step_samples(proto.rounds) == 0 and proto.step_samples(proto.rounds + 3) == 0
+        assert isinstance(proto.step_samples(0), int)
+    rank["r"] = 0
+    proto._pending = np.asarray([2, 2], np.int64)  # a reallocation: the next epoch's steps follow it
+    proto.begin_epoch(1)
+    assert [proto.step_samples(t) for t in range(proto.rounds)] == [4] * 6 + [1]
+
+
+def test_the_plan_is_published_under_its_lock():
+    """A reader holding _plan_cv (Keras' prefetching thread) never sees a half-updated plan."""
+    import threading
+
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), weights=[2]).hetsync_protocol
+    proto.fit_data(np.arange(40, dtype=np.float32)[:, None], np.arange(40), 8)
+    before = (proto.counts, proto._indices, proto.epoch, proto.rounds, proto.samples_per_epoch)
+    with proto._plan_cv:
+        worker = threading.Thread(target=proto.begin_epoch, args=(1,))
+        worker.start()
+        worker.join(1.0)  # begin_epoch computes the plan, then blocks on the lock we hold
+        assert worker.is_alive()
+        assert proto.counts is before[0] and proto._indices is before[1]
+        assert (proto.epoch, proto.rounds, proto.samples_per_epoch) == before[2:]
+        assert 1 not in proto._plans
+    worker.join(10)
+    assert not worker.is_alive() and proto.epoch == 1 and proto._indices is proto._plans[1]
+    assert proto._indices is not before[1]

@@ -12,7 +12,9 @@ def test_update_is_the_exact_mean_over_the_round_and_every_sample_is_used_once(t
     launch(3, ["tests/mp/taskalloc_closed_form.py", str(out)])
     r = read_json(out)
     cf = r["closed_form"]
-    # weights 1,2,3 x micro-batch 2 = 12 samples, then the 5 left over split 1,2,2 (largest remainder)
+    # b = 4 on 3 ranks: BSP's 12 samples per round = weights 1,2,3 x micro-batch 2, then the 5 left
+    # over split 1,2,2 (largest remainder)
+    assert (cf["batch_size"], cf["micro_batch"], cf["global_batch"]) == (4, 2, 12)
     assert cf["counts"] == [[2, 4, 6], [1, 2, 2]]
     assert cf["rounds"] == 2 and cf["syncs"] == 2 and cf["iterations"] == 2  # the optimizer stepped once per round
     assert cf["moved"] > 0.1  # the weights really moved
@@ -23,6 +25,7 @@ def test_update_is_the_exact_mean_over_the_round_and_every_sample_is_used_once(t
     acc = r["accounting"]
     n_samples, hist, served = acc["n_samples"], acc["history"], acc["served"]
     assert len(hist) == 3
+    assert acc["global_batch"] == 6 * 3 * 8  # C = 6 n micro-batches of the explicit micro_batch=8
     assert len({tuple(h["w"]) for h in hist}) > 1, hist  # the allocation really changed (resharding happened)
     assert hist[0]["w"] == [6, 6, 6] and hist[-1]["w"][2] < 6  # the 4x slower rank 2 lost work
     for epoch, h in enumerate(hist):
@@ -42,12 +45,14 @@ def test_update_is_the_exact_mean_over_the_round_and_every_sample_is_used_once(t
 def test_adaptive_allocation_converges_to_the_speed_ratio_and_equal_speeds_stay_equal(tmp_path):
     out = tmp_path / "adaptive.json"
     # simulated device: 3 ms of (timer) compute per sample, so speeds do not depend on core sharing and
-    # dominate the per-step Python overhead
+    # dominate the per-step Python overhead. b = 56 per rank: BSP's 224 samples per round in C = 28
+    # micro-batches of 8 (the protocol's default micro-batch)
     launch(4, ["tests/mp/taskalloc_adaptive.py", str(out), "--slowdown", "speeds:1,1,1,0.5;none", "--epochs", "5",
-               "--total", "28", "--micro-batch", "8", "--tile", "1", "--width", "8",
+               "--total", "28", "--batch-size", "56", "--tile", "1", "--width", "8",
                "--device-ms-per-sample", "3.0"])
     r = read_json(out)
     hetero, equal = r["speeds:1,1,1,0.5"]["stats"], r["none"]["stats"]
+    assert (hetero["micro_batch"], hetero["global_batch"], hetero["batch_size"]) == (8, 224, 56)
     w_by_epoch = [h["w"] for h in hetero["epochs"]] + [hetero["epochs"][-1]["next_w"]]
     assert w_by_epoch[0] == [7, 7, 7, 7]
 
@@ -73,14 +78,13 @@ def test_adaptive_allocation_converges_to_the_speed_ratio_and_equal_speeds_stay_
 
 
 def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_path):
-    common = ["examples/keras_digits.py", "--epochs", "20", "--lr", "0.2", "--quiet"]
-    # BSP: 2 ranks x 32 samples = 64 per step; task allocation: C = 16 micro-batches of 4 = 64 per round,
-    # adaptive under a 2x slower rank 1, so the shares become unequal
-    launch(2, common + ["--protocol", "bsp", "--batch-size", "32", "--out", str(tmp_path / "bsp")],
-           launcher="horovodrun-mpi")
-    launch(2, common + ["--protocol", "taskalloc", "--protocol-arg", "mode=adaptive", "--protocol-arg", "total=16",
-                        "--batch-size", "4", "--slowdown", "speeds:1,0.5", "--out", str(tmp_path / "ta")],
-           launcher="horovodrun-mpi")
+    common = ["examples/keras_digits.py", "--epochs", "20", "--lr", "0.2", "--quiet", "--batch-size", "32"]
+    # the same --batch-size 32 for both. BSP: 2 ranks x 32 samples = 64 per step; task allocation with its
+    # defaults (adaptive: C = 8 n = 16 micro-batches of 64 / 16 = 4 samples): 64 per round as well,
+    # under a 2x slower rank 1, so the shares become unequal
+    launch(2, common + ["--protocol", "bsp", "--out", str(tmp_path / "bsp")], launcher="horovodrun-mpi")
+    launch(2, common + ["--protocol", "taskalloc", "--protocol-arg", "mode=adaptive", "--slowdown", "speeds:1,0.5",
+                        "--out", str(tmp_path / "ta")], launcher="horovodrun-mpi")
     bsp, ta = read_json(tmp_path / "bsp" / "summary.json"), read_json(tmp_path / "ta" / "summary.json")
     assert bsp["final_test_accuracy"] >= 0.9
     assert abs(ta["final_test_accuracy"] - bsp["final_test_accuracy"]) <= 0.01, (ta["final_test_accuracy"],
@@ -88,6 +92,7 @@ def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_
     assert ta["protocol"] == "taskalloc" and ta["weights_in_sync"] is True
     stats = ta["stats"]
     assert stats["mode"] == "adaptive" and stats["total"] == 16 and stats["micro_batch"] == 4
+    assert stats["global_batch"] == 64 and stats["batch_size"] == 32 and ta["protocol_config"]["micro_batch"] is None
     assert len(stats["epochs"]) == 20 and all(sum(h["w"]) == 16 and min(h["w"]) >= 1 for h in stats["epochs"])
     for h in stats["epochs"]:  # per-epoch statistics in summary.json: w, t_s, waiting time per rank, E
         assert len(h["w"]) == len(h["t_s_s"]) == len(h["wait_s"]) == 2 and min(h["t_s_s"]) > 0

@@ -8,6 +8,10 @@ configuration below, interleaved, ``--repeats`` times (the machine is shared and
   micro-batch, so the same global batch), plus BSP with the same global batch for reference;
 * no slowdown: BSP vs self-adaptive task allocation (same global batch).
 
+Every run gets the same ``--batch-size`` b = C x micro-batch / N (per rank, as for BSP: BSP's global
+batch is C x micro-batch); task allocation gets ``--micro-batch`` as its ``micro_batch`` protocol
+argument (``--protocol-arg micro_batch=M``), which here equals its default n b / C.
+
 Epoch time is measured from rank 0's per-step records (``rank0.jsonl``): the duration of epoch e is
 the wall time between the last step of epoch e-1 and the last step of epoch e; the figure is the
 median over epochs ``--skip`` .. end ("once stable"). Two heterogeneity efficiencies are reported:
@@ -71,11 +75,22 @@ def slow_spec(np_):
 
 
 def configs(total, micro, np_=4):
-    """Return {name: (slowdown spec, protocol argv)}: every run has the global batch total x micro."""
+    """Return {name: (slowdown spec, protocol argv)}: every run has the global batch total x micro samples.
+
+    Args:
+        total: int C, micro-batches per round. micro: int samples per micro-batch (task allocation's
+            ``micro_batch``). np_: int ranks.
+
+    Raises:
+        SystemExit: ``total`` not a multiple of ``np_`` (the equal allocation and the per-rank batch
+            size C x micro / np_ would not be whole).
+    """
     if total % np_:
         raise SystemExit(f"--total {total} must be a multiple of --np {np_} (equal allocation, BSP batch)")
-    ta = ["--protocol", "taskalloc", "--batch-size", str(micro), "--protocol-arg", f"total={total}"]
-    bsp = ["--protocol", "bsp", "--batch-size", str(total * micro // np_)]
+    batch = str(total * micro // np_)  # the per-rank batch size b of every run (BSP's)
+    ta = ["--protocol", "taskalloc", "--batch-size", batch, "--protocol-arg", f"total={total}",
+          "--protocol-arg", f"micro_batch={micro}"]
+    bsp = ["--protocol", "bsp", "--batch-size", batch]
     return {
         "hetero/equal": (slow_spec(np_), ta + ["--protocol-arg", "mode=static"]),
         "hetero/adaptive": (slow_spec(np_), ta + ["--protocol-arg", "mode=adaptive"]),
@@ -157,6 +172,8 @@ def run_simulated(args):
     env = dict(_env(), PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(args.out, exist_ok=True)
     runs = []
+    if args.total % 4:
+        sys.exit(f"--total {args.total} must be a multiple of 4 (the simulated variant runs 4 ranks)")
     cases = [("equal", "speeds:1,1,1,0.5", ["--mode", "static", "--weights", ",".join([str(args.total // 4)] * 4)]),
              ("adaptive", "speeds:1,1,1,0.5", ["--mode", "adaptive", "--total", str(args.total)]),
              ("bsp_same_speeds", "none", ["--mode", "bsp", "--total", str(args.total)]),
@@ -166,7 +183,8 @@ def run_simulated(args):
             out = os.path.join(args.out, f"sim_{name}_{rep}.json")
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "--mca", "btl_tcp_if_include", "lo",
                    PY, "tests/mp/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
-                   str(args.epochs), "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
+                   str(args.epochs), "--batch-size", str(args.total * args.micro_batch // 4),
+                   "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
                    "--device-ms-per-sample", str(args.simulated)] + extra
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
             if proc.returncode != 0:
@@ -201,7 +219,9 @@ def main(argv=None):
     p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "mnist-t10k"))
     p.add_argument("--model", default="cnn", choices=("mlp", "cnn"))
     p.add_argument("--total", type=int, default=32, help="C, micro-batches per round")
-    p.add_argument("--micro-batch", type=int, default=32, help="samples per micro-batch")
+    p.add_argument("--micro-batch", type=int, default=32,
+                   help="samples per micro-batch, task allocation's micro_batch argument; every run's per-rank "
+                        "--batch-size is total x micro-batch / np")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--skip", type=int, default=3, help="epochs left out of the medians (warm-up, adaptation)")
     p.add_argument("--lr", type=float, default=0.1)

@@ -1,11 +1,21 @@
 """Task allocation: static and self-adaptive per-rank workloads for allreduce training.
 
 Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
-Gao), section III, Algorithm 1, eq. (10); GUIDE section 2.
+Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
+self-adaptive allocation); GUIDE section 2.
 
-Rank i processes w_i micro-batches of b samples per synchronization; the ranks then allreduce the
-*sum* of their gradients and divide by the number of samples in the round, so each update is the
-mean gradient over every sample of the round (eq. 1 with the global batch C x b, C = sum_i w_i).
+Units: b = the run's per-rank batch size in samples (what BSP trains on per rank and step, the
+``batch_size`` of :meth:`TaskAllocationProtocol.fit_data`); a *micro-batch* is mb samples; w_i
+is rank i's number of micro-batches per synchronization round and C = sum_i w_i the round's
+number of micro-batches. Rank i processes w_i micro-batches (w_i x mb samples) per round; the ranks
+then allreduce the *sum* of their gradients and divide by the number of samples in the round, so
+each update is the mean gradient over every sample of the round (eq. 1 with the global batch
+C x mb samples). By default (``micro_batch=None``) mb = n b / C, so the global batch is BSP's,
+n x b samples (n = world size), and a user switching from BSP keeps the number of updates per
+epoch; if C does not divide n b, mb is n b / C rounded to the nearest integer (at least 1,
+:func:`default_micro_batch`) and the global batch C x mb is close to n b. An explicit
+``micro_batch`` mb gives a global batch of C x mb samples, e.g. larger than BSP's.
+
 Each rank's data share is w_i / C of the training set. ``static``: w is given. ``adaptive``
 (Algorithm 1): after each epoch the ranks exchange their compute time t_s^i and set
 
@@ -21,9 +31,9 @@ How the w_i micro-batches of a round are processed (a deliberate Keras 3 design 
 caches it; a data set that yields a different number of batches in a later epoch is cut short or
 "runs out of data"), so a rank cannot run w_i Keras steps per round when w changes between
 epochs. Here **one Keras step is one synchronization round** on every rank: rank i's batch in
-that step holds its w_i micro-batches (w_i x b samples) and Keras computes their summed gradient
+that step holds its w_i micro-batches (w_i x mb samples) and Keras computes their summed gradient
 in one pass, which is exactly the gradient accumulation of the paper (the sum of the micro-batch
-gradients), with activation memory for w_i x b samples instead of b. Every rank therefore runs
+gradients), with activation memory for w_i x mb samples instead of mb. Every rank therefore runs
 the same number of steps per epoch, joins the same collectives, and sees the same epoch
 boundaries and callbacks, whatever its w_i.
 """
@@ -43,7 +53,7 @@ from .base import Protocol, wrap
 __all__ = [
     "TaskAllocation", "TaskAllocationProtocol", "AllocatedData", "round_allocation", "plan_rounds",
     "epoch_indices", "adapt_allocation", "allocation_change", "predicted_gain", "heterogeneity_efficiency",
-    "MODES",
+    "default_micro_batch", "MODES",
 ]
 
 log = logging.getLogger("hetsync")
@@ -55,6 +65,33 @@ ADAPTIVE_UNITS_PER_RANK = 8
 
 
 # -- pure allocation arithmetic (no TensorFlow, no MPI; unit-tested directly) ---------------------
+
+def default_micro_batch(n, batch_size, total):
+    """Micro-batch size that keeps BSP's global batch: n b / C samples, rounded, at least 1.
+
+    With it a round of C micro-batches holds C x mb samples, exactly n x b (BSP's global batch:
+    n ranks x b samples) when C divides n b, else the nearest multiple of C (n b / C rounded to
+    the nearest integer, halves up; at least 1, so whenever C > n b the micro-batch is 1 sample and
+    the global batch C samples, more than BSP's).
+    Example: n = 4 ranks, b = 32, adaptive default C = 8 n = 32: mb = 4, global batch 128 = 4 x 32.
+
+    Args:
+        n: int >= 1, number of ranks (world size).
+        batch_size: int b >= 1, the run's per-rank batch size in samples (BSP's per-rank batch).
+        total: int C >= 1, micro-batches per round over all ranks.
+
+    Returns:
+        int mb >= 1, samples per micro-batch.
+
+    Raises:
+        ValueError: an argument that is not an integer >= 1 (the message names it and its value).
+    """
+    for name, value in (("n", n), ("batch_size", batch_size), ("total", total)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"default_micro_batch: {name} must be an integer >= 1, got {value!r}")
+    n, b, c = int(n), int(batch_size), int(total)
+    return max(1, (2 * n * b + c) // (2 * c))
+
 
 def round_allocation(ideal, total, minimum=1):
     """Round a real allocation to integers with a fixed sum (largest-remainder / Hamilton method).
@@ -94,20 +131,20 @@ def round_allocation(ideal, total, minimum=1):
 def plan_rounds(n_samples, micro_batch, weights):
     """Split one epoch into synchronization rounds and each round into per-rank sample counts.
 
-    A full round holds C x b samples (C = sum(weights), b = ``micro_batch``) and rank i gets
-    w_i x b of them. The last round holds what is left; if that is fewer samples than ranks it is
+    A full round holds C x mb samples (C = sum(weights), mb = ``micro_batch``) and rank i gets
+    w_i x mb of them. The last round holds what is left; if that is fewer samples than ranks it is
     merged into the round before. A round of S samples that is not full is split with
     :func:`round_allocation` of ``S * w / C`` (every rank gets at least one sample, so every rank
     takes part in every round). Every sample is in exactly one round.
 
     Args:
         n_samples: int N >= number of ranks, training samples per epoch.
-        micro_batch: int b >= 1, samples per micro-batch.
+        micro_batch: int mb >= 1, samples per micro-batch.
         weights: sequence of n ints w_i >= 1 (micro-batches per rank per round).
 
     Returns:
         numpy int64 array [R, n]: samples of rank i in round r; rows sum to the round sizes and
-        the whole array sums to N. R = ceil(N / (C b)), or one less after a merge; R does not
+        the whole array sums to N. R = ceil(N / (C mb)), or one less after a merge; R does not
         depend on how C is split between the ranks.
 
     Raises:
@@ -184,12 +221,12 @@ def allocation_change(old, new):
 def predicted_gain(old, new, speeds):
     """Relative shortening of a round predicted for a reallocation: 1 - max_i(new_i / v_i) / max_i(old_i / v_i).
 
-    A round lasts as long as its slowest rank's compute, max_i w_i b / v_i (the barrier before the
-    allreduce, paper section III-B); with the speeds v_i measured at the old allocation this is
-    the fraction of that time the new allocation saves (negative: it would be slower). Unlike
-    :func:`allocation_change` it weighs a move by its effect: one micro-batch taken from a
-    bottleneck rank with w_i = 4 shortens the round by up to 25%, the same move between two equally
-    fast ranks by nothing.
+    A round lasts as long as its slowest rank's compute, max_i w_i mb / v_i (mb samples per
+    micro-batch; the barrier before the allreduce, paper section III-B); with the speeds v_i
+    measured at the old allocation this is the fraction of that time the new allocation saves
+    (negative: it would be slower). Unlike :func:`allocation_change` it weighs a move by its
+    effect: one micro-batch taken from a bottleneck rank with w_i = 4 shortens the round by up to
+    25%, the same move between two equally fast ranks by nothing.
 
     Args:
         old, new: sequences of n ints w_i (micro-batches per round). speeds: sequence of n floats
@@ -271,13 +308,19 @@ def _check_int(name, value, minimum):
 
 
 class TaskAllocationProtocol(Protocol):
-    """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`)."""
+    """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`).
+
+    Args: as :func:`TaskAllocation` (without ``optimizer``); validated here, before training.
+
+    Raises:
+        ValueError: as :func:`TaskAllocation` (the world-size checks run in :meth:`build`).
+    """
 
     name = "taskalloc"
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
 
-    def __init__(self, mode="static", weights=None, total=None, threshold=0.05, patience=2):
+    def __init__(self, mode="static", weights=None, total=None, threshold=0.05, patience=2, micro_batch=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"TaskAllocation: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
@@ -302,8 +345,14 @@ class TaskAllocationProtocol(Protocol):
             raise ValueError(f"TaskAllocation: threshold must be a number in [0, 1) (smallest predicted relative "
                              f"shortening of a round), got {threshold!r}")
         self.patience = _check_int("patience (epochs)", patience, 1)
+        if micro_batch is not None:
+            if isinstance(micro_batch, bool) or not isinstance(micro_batch, numbers.Integral) or micro_batch < 1:
+                raise ValueError(f"TaskAllocation: micro_batch must be None (BSP's global batch, n x batch_size "
+                                 f"samples per round) or an integer >= 1 (samples per micro-batch), got "
+                                 f"{micro_batch!r}")
+            micro_batch = int(micro_batch)
         self.mode, self.threshold = mode, float(threshold)
-        self._weights_arg, self._total_arg = weights, total
+        self._weights_arg, self._total_arg, self._micro_batch_arg = weights, total, micro_batch
         self.weights = None  # numpy int64 [n], current allocation
         self.total = None
         self.history = []  # one dict per finished epoch
@@ -311,6 +360,10 @@ class TaskAllocationProtocol(Protocol):
         self._pending = None
         self._stable_count = 0
         self._data = None
+        #: int samples per micro-batch, set by :meth:`fit_data` (the argument, or
+        #: :func:`default_micro_batch`); None before.
+        self.micro_batch = None
+        self.counts = None  # int64 [R, n]: samples of each rank in each round of the current epoch
         self.rounds = 0
         self._plans = {}  # epoch -> per-round, per-rank index arrays (the current and the next epoch)
         self._plan_cv = threading.Condition()
@@ -336,17 +389,32 @@ class TaskAllocationProtocol(Protocol):
         self._stats["w"].assign(float(self.weights[runtime.rank()]))
 
     def config(self):
+        """Return the protocol's arguments (``micro_batch``: as given, None = BSP's global batch; the
+        size in use is in :meth:`summary_stats`) as a JSON-serialisable dict."""
         return {"mode": self.mode, "weights": None if self._weights_arg is None else list(self._weights_arg),
                 "total": self.total, "threshold": self.threshold, "patience": self.patience,
-                "micro_batch": getattr(self, "micro_batch", None)}
+                "micro_batch": self._micro_batch_arg}
+
+    @property
+    def global_batch(self):
+        """Samples per full synchronization round over all ranks, C x :attr:`micro_batch` (int), or
+        None before :meth:`fit_data`."""
+        return None if self.micro_batch is None else int(self.total) * int(self.micro_batch)
 
     def fit_data(self, x, y, batch_size, seed=0):
         """Return ``model.fit`` data kwargs: a :class:`AllocatedData` of this rank's rounds.
 
+        ``batch_size`` is the run's per-rank batch size b, as for BSP. The micro-batch size is the
+        ``micro_batch`` argument if given (global batch C x micro_batch samples per round), else
+        :func:`default_micro_batch` ``(n, b, C)`` = n b / C rounded (at least 1): the global batch
+        is BSP's, n x b samples, exactly when C divides n b and C x micro_batch (close to n b)
+        otherwise. Sets :attr:`batch_size`, :attr:`micro_batch` and :attr:`samples_per_epoch`.
+
         Args:
             x: array [N, ...], the full training set (every rank passes the same one). y: int
-                array [N]. batch_size: int b >= 1, samples per *micro-batch* (the global batch
-                per round is C x b). seed: int, seeds the per-epoch permutation.
+                array [N]. batch_size: int b >= 1, samples per rank per step as in BSP (the
+                reference of the emulated device, ``device:MS`` = MS ms per b samples). seed: int,
+                seeds the per-epoch permutation.
 
         Returns:
             ``{"x": AllocatedData, "steps_per_epoch": R, "shuffle": False}`` (the data set
@@ -356,25 +424,55 @@ class TaskAllocationProtocol(Protocol):
             ValueError: ``batch_size`` not a positive int, ``x`` and ``y`` of different lengths,
                 or fewer samples than ranks.
         """
-        b = _check_int("batch_size (samples per micro-batch)", batch_size, 1)
+        b = _check_int("batch_size (samples per rank per step, as for BSP)", batch_size, 1)
         if len(x) != len(y):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
-        self.micro_batch, self.seed, self.n_samples = b, int(seed), len(x)
+        n = runtime.size()
+        mb = self._micro_batch_arg if self._micro_batch_arg is not None else default_micro_batch(n, b, self.total)
+        self.batch_size, self.micro_batch, self.seed, self.n_samples = b, mb, int(seed), len(x)
+        if self._micro_batch_arg is None and self.global_batch != n * b and runtime.rank() == 0:
+            log.info("taskalloc: C=%d micro-batches do not divide BSP's global batch %d x %d = %d samples; "
+                     "micro-batch %d samples, global batch %d samples per round", self.total, n, b, n * b, mb,
+                     self.global_batch)
         self._data = AllocatedData(x, y, self)
         self._plan(0, reset=True)
         return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
 
     # -- per-epoch plan ----------------------------------------------------------------------------
     def _plan(self, epoch, reset=False):
-        self.counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
-        self.rounds = len(self.counts)
-        self.epoch = epoch
-        self._indices = epoch_indices(self.n_samples, self.counts, epoch, self.seed)
-        self.samples_per_epoch = int(self.counts[:, runtime.rank()].sum())
+        """Plan ``epoch`` under the current weights: computed first, then published atomically under
+        ``_plan_cv`` (Keras' prefetching thread reads the plans while holding it)."""
+        counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
+        indices = epoch_indices(self.n_samples, counts, epoch, self.seed)
+        mine = int(counts[:, runtime.rank()].sum())
         with self._plan_cv:
+            self.counts, self.rounds, self.epoch, self._indices = counts, len(counts), epoch, indices
+            self.samples_per_epoch = mine
             self._plans = {} if reset else {e: p for e, p in self._plans.items() if e >= epoch - 1}
-            self._plans[epoch] = self._indices
+            self._plans[epoch] = indices
             self._plan_cv.notify_all()
+
+    def step_samples(self, batch):
+        """Samples this rank trains on in step ``batch`` of the current epoch: its share of round
+        ``batch``, ``counts[batch, rank]`` (w_i x :attr:`micro_batch` in a full round, fewer in the
+        last, partial one).
+
+        This is what the emulated device (a scenario ``device:MS``, which charges MS milliseconds
+        per :attr:`batch_size` samples) uses to cost the step, read by
+        :class:`hetsync.callbacks.Slowdown` before the step starts; the protocol's own callback
+        feeds it to the compiled step as m_i.
+
+        Args:
+            batch: int >= 0, the step's index within the current epoch (Keras' ``batch``).
+
+        Returns:
+            int samples (0 for a step past the epoch's rounds), or None before :meth:`fit_data`.
+        """
+        with self._plan_cv:
+            counts, rounds = self.counts, self.rounds
+        if counts is None:
+            return None
+        return int(counts[batch, runtime.rank()]) if batch < rounds else 0
 
     def indices_of_round(self, r):
         """Sample indices (int64 array) of this rank in round ``r`` of the current epoch."""
@@ -410,7 +508,9 @@ class TaskAllocationProtocol(Protocol):
         Raises:
             RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
         """
-        epoch, r = divmod(int(t), self.rounds)
+        with self._plan_cv:
+            rounds = self.rounds
+        epoch, r = divmod(int(t), rounds)
         idx = self.indices_for(epoch, r)
         return np.arange(1) if idx is None else idx
 
@@ -445,8 +545,9 @@ class TaskAllocationProtocol(Protocol):
         allocation last changed (the first step of each epoch excluded), of m_i / (step time - time
         inside the allreduce). The median is robust to a step that lost its core to another
         process, and pooling the epochs of one allocation gives it more than one epoch of steps.
-        Eq. (10) is applied with t_s^i = w_i b / v_i, the compute time of one full round, i.e.
-        w_i <- C v_i / sum_j v_j, and adopted if :func:`predicted_gain` exceeds ``threshold``.
+        Eq. (10) is applied with t_s^i = w_i mb / v_i (mb = :attr:`micro_batch` samples), the
+        compute time of one full round, i.e. w_i <- C v_i / sum_j v_j, and adopted if
+        :func:`predicted_gain` exceeds ``threshold``.
 
         Args:
             epoch: int. compute_s: float seconds of compute in the epoch (all steps, waiting
@@ -503,8 +604,14 @@ class TaskAllocationProtocol(Protocol):
         return [_TaskAllocationCallback(self)]
 
     def summary_stats(self):
+        """End-of-run statistics (JSON-serialisable dict): ``syncs``, ``mode``, ``total`` (C,
+        micro-batches per round), ``micro_batch`` (samples per micro-batch in use), ``batch_size``
+        (the run's per-rank b, samples), ``global_batch`` (C x micro_batch, samples per full round),
+        ``rounds_per_epoch``, ``final_w``, ``stable``, ``stable_epoch`` and ``epochs`` (one record per
+        epoch, see :meth:`end_epoch`)."""
         out = super().summary_stats()
-        out.update({"mode": self.mode, "total": self.total, "micro_batch": getattr(self, "micro_batch", None),
+        out.update({"mode": self.mode, "total": self.total, "micro_batch": self.micro_batch,
+                    "batch_size": self.batch_size, "global_batch": self.global_batch,
                     "rounds_per_epoch": self.rounds, "final_w": [int(v) for v in self.weights],
                     "stable": self.stable, "epochs": self.history})
         stable_at = [h["epoch"] for h in self.history if h["stable"]]
@@ -567,7 +674,7 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         self._steady_samples, self._steady_compute = 0, 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._m = int(self.p.counts[batch, runtime.rank()]) if batch < self.p.rounds else 0
+        self._m = self.p.step_samples(batch)
         self.p._mb.assign(float(self._m))
         self._wait_b = float(self.p._stats["sync_wait_total_ms"].numpy())
         self._tb = time.perf_counter()
@@ -597,16 +704,28 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         self.p.end_epoch(epoch, compute, wait, wall, rate, steady)
 
 
-def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold=0.05, patience=2):
+def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold=0.05, patience=2,
+                   micro_batch=None):
     """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
 
-    Rank i processes w_i micro-batches of b samples per synchronization round (b = the
-    ``batch_size`` given to ``opt.hetsync_protocol.fit_data``); the ranks allreduce the sum of
-    their gradients (weighted by samples) and divide by the round's sample count, so every update
-    is the mean gradient of a global batch of C x b samples, C = sum_i w_i (paper section III-A,
-    eq. 1). Each rank's data share is w_i / C of the training set, resharded every epoch so every
-    sample is used exactly once per epoch. One Keras step is one round on every rank (see the
-    module docstring), so all ranks run the same steps per epoch.
+    Paper section III. Rank i processes w_i micro-batches of ``micro_batch`` samples per
+    synchronization round; the ranks allreduce the sum of their gradients (weighted by samples)
+    and divide by the round's sample count, so every update is the mean gradient of a global
+    batch of C x micro_batch samples, C = sum_i w_i micro-batches (eq. 1). Each rank's data share
+    is w_i / C of the training set, resharded every epoch so every sample is used exactly once per
+    epoch. One Keras step is one round on every rank (see the module docstring), so all ranks run
+    the same steps per epoch.
+
+    Global batch: b is the run's per-rank batch size in samples, the ``batch_size`` given to
+    ``opt.hetsync_protocol.fit_data`` exactly as for BSP (``--batch-size`` of
+    ``examples/keras_digits.py``). By default (``micro_batch=None``) a round holds BSP's global
+    batch, n x b samples (n = world size), split into C micro-batches of n b / C samples, so a
+    run switched from BSP makes as many updates per epoch as BSP. If C does not divide n b, the
+    micro-batch is n b / C rounded to the nearest integer, at least 1
+    (:func:`default_micro_batch`), and the global batch is C x micro_batch, close to n x b. With
+    the defaults C = n (static) and C = 8 n (adaptive) and b = 32: micro-batches of 32 and of 4
+    samples, a global batch of 32 n either way. An int ``micro_batch`` sets the micro-batch size
+    and hence a global batch of C x micro_batch samples (e.g. larger than BSP's).
 
     ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
     compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
@@ -614,11 +733,12 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
     w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
     :func:`round_allocation` (largest remainder, sum C, w_i >= 1). A new allocation is adopted only
     if it is predicted to shorten a round by more than ``threshold`` (:func:`predicted_gain`: the
-    slowest rank's compute time max_i w_i b / v_i, before against after); after
+    slowest rank's compute time max_i w_i micro_batch / v_i, before against after); after
     ``patience`` consecutive epochs below it the allocation is frozen ("stable"). Statistics per
     epoch (w, t_s, waiting time, heterogeneity efficiency, see :func:`heterogeneity_efficiency`)
     are exchanged by one allgather per epoch in both modes, logged on rank 0 and reported in
-    ``summary_stats()["epochs"]`` (``summary.json`` ``stats`` through SyncMetrics).
+    ``summary_stats()["epochs"]`` (``summary.json`` ``stats`` through SyncMetrics, with
+    ``micro_batch`` and ``global_batch``).
 
     Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
     hetsync.callbacks.standard(opt))`` (the protocol's callback is part of ``standard``).
@@ -633,16 +753,19 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
         threshold: float in [0, 1): smallest predicted relative shortening of a round (compute
             time of its slowest rank) for which a reallocation is adopted.
         patience: int >= 1: epochs below ``threshold`` after which the allocation is frozen.
+        micro_batch: None (default: BSP's global batch, micro-batches of n b / C samples, see
+            above) or int >= 1, samples per micro-batch (global batch C x micro_batch samples).
 
     Returns:
         keras.optimizers.Optimizer (a subclass of the given optimizer's class).
 
     Raises:
         ValueError: unknown mode; weights that are not positive integers, or not one per rank;
-            total smaller than the world size or different from sum(weights); bad threshold or
-            patience (all before training starts).
+            total smaller than the world size or different from sum(weights); bad threshold,
+            patience or micro_batch (not None and not an integer >= 1; the message names the
+            value) (all before training starts).
         TypeError: ``optimizer`` is not a Keras 3 optimizer instance.
         RuntimeError: :func:`hetsync.init` was not called.
     """
     return wrap(optimizer, TaskAllocationProtocol(mode=mode, weights=weights, total=total, threshold=threshold,
-                                                  patience=patience))
+                                                  patience=patience, micro_batch=micro_batch))

@@ -22,11 +22,13 @@ import hetsync
 p = argparse.ArgumentParser()
 p.add_argument("out")
 p.add_argument("--slowdown", default="none", help="one or more slowdown specs separated by ';'")
-p.add_argument("--mode", default="adaptive", help="static, adaptive, or bsp (BSP with the same global batch)")
+p.add_argument("--mode", default="adaptive", help="static, adaptive, or bsp (BSP, batch size --batch-size per rank)")
 p.add_argument("--epochs", type=int, default=5)
-p.add_argument("--total", type=int, default=28)
+p.add_argument("--total", type=int, default=28, help="C, micro-batches per round (without --weights)")
 p.add_argument("--weights", default=None, help="comma-separated static weights")
-p.add_argument("--micro-batch", type=int, default=16)
+p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size b (samples), as for BSP")
+p.add_argument("--micro-batch", type=int, default=None,
+               help="samples per micro-batch (default: the protocol's, BSP's global batch n b in C micro-batches)")
 p.add_argument("--width", type=int, default=64)
 p.add_argument("--tile", type=int, default=4)
 p.add_argument("--threshold", type=float, default=0.05)
@@ -84,11 +86,12 @@ def run(spec):
     if a.mode == "bsp":
         opt = hetsync.BSP(keras.optimizers.SGD(0.05))
         xs, ys = hetsync.data.shard(x, y, hetsync.rank(), hetsync.size(), seed=0)
-        data = {"x": xs, "y": ys, "batch_size": a.total * a.micro_batch // hetsync.size(), "shuffle": True}
+        data = {"x": xs, "y": ys, "batch_size": a.batch_size, "shuffle": True}
     else:
         opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.05), mode=a.mode, weights=weights,
-                                     total=None if weights else a.total, threshold=a.threshold)
-        data = opt.hetsync_protocol.fit_data(x, y, a.micro_batch, seed=0)
+                                     total=None if weights else a.total, threshold=a.threshold,
+                                     micro_batch=a.micro_batch)
+        data = opt.hetsync_protocol.fit_data(x, y, a.batch_size, seed=0)
     model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
     cbs = [hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt) + [timer]
     model.fit(**data, epochs=a.epochs, verbose=0, callbacks=cbs)

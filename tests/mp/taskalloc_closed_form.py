@@ -1,10 +1,12 @@
 """Run under mpirun -np 3: task allocation's update equals the exact mean over the round; sample accounting.
 
-Phase 1 (closed form, static weights 1,2,3, micro-batch 2): a linear model y = x W (no bias,
-W = 0, SGD lr 0.5, MSE) trains one epoch of N = C b + 5 samples (one full round, one partial
+Phase 1 (closed form, static weights 1,2,3, per-rank batch size b = 4, so by default BSP's
+global batch 3 x 4 = 12 samples in C = 6 micro-batches of 2): a linear model y = x W (no bias,
+W = 0, SGD lr 0.5, MSE) trains one epoch of N = 12 + 5 samples (one full round, one partial
 round). Rank 0 replays the rounds in numpy from the sample ids each rank really received and
-compares W. Phase 2 (accounting, adaptive under ``speeds:1,1,0.25``): every rank logs the ids of
-every batch its data set served; rank 0 gets all logs and writes them with the allocation history.
+compares W. Phase 2 (accounting, adaptive under ``speeds:1,1,0.25``, C = 6 n with an explicit
+``micro_batch=8``, a global batch of 48 n samples): every rank logs the ids of every batch its data
+set served; rank 0 gets all logs and writes them with the allocation history.
 """
 import json
 import sys
@@ -60,9 +62,10 @@ def gather_json(obj):
 
 
 # ---- phase 1: closed form ------------------------------------------------------------------------
-weights, b, d, lr = [1, 2, 3][:n], 2, 4, 0.5
+weights, mb, d, lr = [1, 2, 3][:n], 2, 4, 0.5
 C = sum(weights)
-N = C * b + 5
+b = C * mb // n  # per-rank batch size whose BSP global batch n b is C micro-batches of mb
+N = C * mb + 5
 rng = np.random.default_rng(7)
 feat = rng.normal(size=(N, d)).astype(np.float32)
 x = np.concatenate([np.arange(N, dtype=np.float32)[:, None], feat], axis=1)  # column 0: sample id
@@ -75,6 +78,7 @@ model.compile(opt, "mse")
 served.clear()
 model.fit(**opt.hetsync_protocol.fit_data(x, target, b, seed=3), epochs=1, verbose=0,
           callbacks=hetsync.callbacks.standard(opt) + [LogServed()])
+assert opt.hetsync_protocol.micro_batch == mb, (opt.hetsync_protocol.micro_batch, mb)
 mine = [s for s in served]
 all_served = gather_json(mine)
 w_final = model.get_weights()[0][1:, 0]
@@ -97,6 +101,9 @@ if rank == 0:
                              "max_err": float(np.max(np.abs(W - w_final))),
                              "naive_err": float(np.max(np.abs(naive - w_final))), "moved": float(np.max(np.abs(W))),
                              "iterations": int(opt.iterations.numpy()), "diff_ranks": diff_ranks,
+                             "batch_size": opt.hetsync_protocol.batch_size,
+                             "micro_batch": opt.hetsync_protocol.micro_batch,
+                             "global_batch": opt.hetsync_protocol.global_batch,
                              "syncs": opt.hetsync_protocol.summary_stats()["syncs"]}
 
 # ---- phase 2: sample accounting under adaptive reallocation ----------------------------------------
@@ -106,7 +113,7 @@ xd = np.concatenate([np.arange(len(ds.x_train), dtype=np.float32)[:, None], ds.x
 keras.utils.set_random_seed(0)
 model2 = keras.Sequential([keras.Input((65,)), keras.layers.Lambda(lambda t: t[:, 1:]),
                            keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10, activation="softmax")])
-opt2 = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=6 * n, threshold=0.0)
+opt2 = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=6 * n, threshold=0.0, micro_batch=8)
 model2.compile(opt2, "sparse_categorical_crossentropy")
 served.clear()
 spec = "speeds:" + ",".join(["1"] * (n - 1) + ["0.25"])
@@ -116,6 +123,7 @@ all_served = gather_json(served)
 if rank == 0:
     result["accounting"] = {"n_samples": len(xd), "served": all_served,
                             "history": opt2.hetsync_protocol.history,
-                            "steps_per_rank": opt2.hetsync_protocol.rounds}
+                            "steps_per_rank": opt2.hetsync_protocol.rounds,
+                            "global_batch": opt2.hetsync_protocol.global_batch}
     with open(out_path, "w") as f:
         json.dump(result, f)
