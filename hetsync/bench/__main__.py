@@ -5,6 +5,7 @@ Examples::
     hetsync-bench --preset quick                      # smoke check, every registered protocol
     hetsync-bench --preset full --update-readme       # the README's Results section
     hetsync-bench --preset quick --np 2 --scenario digits/random:3 --epochs 2 --protocols bsp
+                                                      # (runs on device:40; --device 0 for the real CPU)
     hetsync-bench --micro-only                        # op microbenchmarks only
 
 Writes ``OUT/results.json``, ``OUT/results.md`` (Markdown tables), ``OUT/plots/*.png``.
@@ -39,8 +40,11 @@ def parse_args(argv=None):
                    help=f"replace the preset's cells, repeatable; DATASET in {sorted(matrix.DATASETS)} "
                         "(default digits), SPEC a slowdown spec, e.g. mnist/random:6")
     p.add_argument("--seeds", default=None, help="comma-separated seeds for every scenario (replace the preset's)")
-    p.add_argument("--np", type=int, default=None, help="ranks per run (replace the preset's)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs for every data set (replace the preset's)")
+    p.add_argument("--np", type=int, default=None, help="ranks of every run (replace the preset's and the cells')")
+    p.add_argument("--device", type=float, default=None, metavar="MS",
+                   help="run --scenario cells without a device:MS part on the emulated device of MS ms per "
+                        "step (default: 40 with --scenario; 0 keeps them on the real CPU)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs of every run (replace the preset's and the cells')")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per launch")
     p.add_argument("--out", default=None, help="output folder (default runs/bench-PRESET)")
     p.add_argument("--no-micro", action="store_true", help="skip the op microbenchmarks")
@@ -59,17 +63,22 @@ def parse_args(argv=None):
     preset = matrix.PRESETS[args.preset]
     try:
         changes = {}
+        if args.device is not None and not (args.device >= 0 and args.device < float("inf")):
+            raise ValueError(f"--device must be a number of milliseconds >= 0 (0: real CPU), got {args.device}")
         if args.scenario:
-            changes["cells"] = tuple(matrix.parse_cell(s) for s in args.scenario)
+            device = 40.0 if args.device is None else args.device
+            changes["cells"] = tuple(matrix.with_device(matrix.parse_cell(s), device) for s in args.scenario)
         if args.seeds:
             changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
             changes["cells"] = tuple(dataclasses.replace(c, seeds=None) for c in changes.get("cells", preset.cells))
         if args.np is not None:
             changes["np"] = args.np
+            changes["cells"] = tuple(dataclasses.replace(c, np=None) for c in changes.get("cells", preset.cells))
         if args.epochs is not None:
             if args.epochs <= 0:
                 raise ValueError(f"--epochs must be positive, got {args.epochs}")
             changes["epochs"] = {k: args.epochs for k in matrix.DATASETS}
+            changes["cells"] = tuple(dataclasses.replace(c, epochs=None) for c in changes.get("cells", preset.cells))
         if args.timeout is not None:
             if args.timeout <= 0:
                 raise ValueError(f"--timeout must be positive, got {args.timeout}")

@@ -26,7 +26,7 @@ import time
 from .. import slowdown as _slowdown
 
 __all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec",
-           "measure_solo", "SoloError", "read_jsonl"]
+           "analytic_solo", "measure_solo", "SoloError", "read_jsonl"]
 
 
 class SoloError(RuntimeError):
@@ -224,6 +224,31 @@ def bsp_expected_efficiency(solo_samples_per_s):
     if not solo or min(solo) <= 0:
         raise ValueError(f"solo speeds must be a non-empty list of positive samples/s, got {solo}")
     return len(solo) * min(solo) / sum(solo)
+
+
+def analytic_solo(spec, world_size, batch_size):
+    """Analytic solo speeds v_i of an emulated run: samples per second of each rank's expected step.
+
+    v_i = b / (E[K_i] x MS + E[extra_i]) x 1000 (:meth:`hetsync.slowdown.Scenario.expected_step_ms`
+    for a full step of b samples): what rank i would train alone on the emulated device. For a
+    step of another size the factor part scales with it, so v_i holds for any step size when the
+    scenario has no additive (``uniform``) delay.
+
+    Args:
+        spec: str slowdown spec. world_size: int n >= 1. batch_size: int b >= 1 (samples per step).
+
+    Returns:
+        list of n floats (samples/s), or None if ``spec`` has no ``device:MS`` part (real CPU: the
+        solo speeds can only be measured).
+
+    Raises:
+        ValueError: a bad spec, or one that does not fit ``world_size``.
+    """
+    scenario = _slowdown.parse_spec(spec)
+    scenario.validate(world_size)
+    if scenario.device_ms is None:
+        return None
+    return [batch_size * 1e3 / scenario.expected_step_ms(r, world_size) for r in range(world_size)]
 
 
 def solo_spec(spec):

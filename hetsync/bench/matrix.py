@@ -1,13 +1,23 @@
 """The benchmark matrix: protocols x scenarios x seeds, each a real ``horovodrun --mpi`` launch.
 
-Runs are *interleaved* (GUIDE section 3): for every seed, for every (data set, scenario) cell, every
-protocol runs once, in an order rotated from cell to cell, so slow spells of this shared machine hit
-all protocols alike. Before a cell's first runs, the solo speeds of its scenario are measured
-(:func:`hetsync.bench.efficiency.measure_solo`). Every figure is then put against BSP's run *from the
-same seed and cell* (ratios), and summarised over seeds by the median and the min-max spread.
+Runs are *interleaved* (GUIDE section 3): for every seed, for every (ranks, data set, scenario) cell,
+every protocol of the cell runs once, in an order rotated from cell to cell, so slow spells of this
+shared machine hit all protocols alike. Before a cell's first runs, the solo speeds of its scenario
+are measured (:func:`hetsync.bench.efficiency.measure_solo`). Every figure is then put against BSP's
+run *from the same seed and cell* (ratios), and summarised over seeds by the median and the min-max
+spread.
+
+The presets run on the *emulated cluster* (scenario part ``device:MS``, see :mod:`hetsync.slowdown`):
+every step lasts the emulated device's time, real math inside, so 4-8 ranks sharing this machine's
+two cores measure the protocol, not the scheduler. Emulated runs also get E against the *analytic*
+solo speeds (b / expected step time of each rank), and a run is flagged when E exceeds
+:data:`E_FLAG` (impossible on a real cluster) or more than 1% of its steps overran their device time
+(the emulation does not hold for it). A few cells without ``device`` run on the real CPU with 2 ranks,
+where each rank has a core of its own.
 """
 import dataclasses
 import datetime
+import re
 import json
 import os
 import platform
@@ -20,7 +30,7 @@ import time
 from .. import slowdown as _slowdown
 from . import efficiency
 
-__all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "plan", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
+__all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
            "aggregate", "machine_description", "DATASETS", "ROOT", "JOB"]
 
 #: repository root (the folder holding ``examples/``).
@@ -32,10 +42,16 @@ DATASETS = {
     "digits": ["--dataset", "digits"],
     "mnist": ["--dataset", "mnist-idx", "--data-dir", os.path.join("..", "shared", "data", "mnist-t10k")],
 }
-#: solo-speed runs train this many times the epochs of the real runs (a longer, steadier measurement).
+#: training samples of each bench data set (80% of 1,797 digits, 80% of the 10,000 MNIST-t10k images).
+TRAIN_SAMPLES = {"digits": 1437, "mnist": 8000}
+#: solo-speed runs on the real CPU train this many times the epochs of the real runs (a longer, steadier
+#: measurement); on the emulated device the step time is fixed, so the same epochs suffice.
 SOLO_EPOCHS_FACTOR = 2
 #: per-run fields copied into results.json, the table and the ratios.
-METRICS = ("time_to_target_s", "final_test_accuracy", "steps_per_s", "samples_per_s", "efficiency")
+METRICS = ("time_to_target_s", "final_test_accuracy", "steps_per_s", "samples_per_s", "efficiency",
+           "efficiency_analytic", "step_ms", "overrun_fraction")
+#: an emulated run whose E (measured or analytic) exceeds this is flagged: E <= 1 on a real cluster.
+E_FLAG = 1.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,32 +61,67 @@ class Cell:
     Attributes:
         dataset: str, a key of :data:`DATASETS`. scenario: str slowdown spec.
         seeds: tuple of int, this cell's seeds, or None for the preset's.
+        np: int ranks of this cell's runs, or None for the preset's.
+        protocols: tuple of protocol names run in this cell (BSP is always one), or None for all.
+        epochs: int epochs of this cell's runs, or None for the preset's for the data set.
     """
 
     dataset: str
     scenario: str
     seeds: tuple = None
+    np: int = None
+    protocols: tuple = None
+    epochs: int = None
 
     @property
     def key(self):
-        """``"dataset/scenario"``, the cell's name in results and on the command line."""
-        return f"{self.dataset}/{self.scenario}"
+        """``"[npN:]dataset/scenario"``, the cell's name in results and on the command line."""
+        return (f"np{self.np}:" if self.np else "") + f"{self.dataset}/{self.scenario}"
+
+    @property
+    def emulated(self):
+        """True if the scenario runs on the emulated device (has a ``device:MS`` part)."""
+        return _slowdown.parse_spec(self.scenario).device_ms is not None
 
 
-def parse_cell(text, default_dataset="digits", seeds=None):
-    """Parse ``"[DATASET/]SPEC"`` (e.g. ``"mnist/random:6"`` or ``"speeds:1,1,1,0.5"``) into a :class:`Cell`
-    (with ``seeds``: tuple of int or None for the preset's).
+def parse_cell(text, default_dataset="digits", seeds=None, protocols=None, epochs=None):
+    """Parse ``"[npN:][DATASET/]SPEC"`` (e.g. ``"mnist/device:40+random:6"``, ``"np8:mnist/random:6"``
+    or ``"speeds:1,1,1,0.5"``) into a :class:`Cell` (``seeds``: tuple of int or None for the
+    preset's; ``protocols``: tuple of names or None for every protocol of the benchmark; ``epochs``:
+    int or None for the preset's).
 
     Raises:
-        ValueError: unknown data set (lists the known ones) or a bad slowdown spec.
+        ValueError: a bad ``npN`` prefix, an unknown data set (lists the known ones) or a bad
+            slowdown spec.
     """
+    np_ = None
+    m = re.match(r"^np(\d+):", text)
+    if m:
+        np_ = int(m.group(1))
+        if np_ < 2:
+            raise ValueError(f"{text!r}: a cell needs at least 2 ranks, got np{np_}")
+        text = text[m.end():]
     dataset, sep, spec = text.partition("/")
     if not sep:
         dataset, spec = default_dataset, text
     if dataset not in DATASETS:
         raise ValueError(f"unknown data set {dataset!r} in {text!r}; known: {', '.join(DATASETS)}")
     spec = _slowdown.parse_spec(spec).spec
-    return Cell(dataset, spec, None if seeds is None else tuple(seeds))
+    return Cell(dataset, spec, None if seeds is None else tuple(seeds), np_,
+                None if protocols is None else tuple(protocols), epochs)
+
+
+def with_device(cell, device_ms):
+    """Return ``cell`` on the emulated device of ``device_ms`` milliseconds per step (a ``device:MS``
+    part prepended to its scenario), or unchanged if it has one already or ``device_ms`` is 0/None.
+
+    Raises:
+        ValueError: ``device_ms`` negative or not finite.
+    """
+    if device_ms is None or device_ms == 0 or cell.emulated:
+        return cell
+    spec = f"device:{device_ms:g}" + ("" if cell.scenario == "none" else "+" + cell.scenario)
+    return dataclasses.replace(cell, scenario=_slowdown.parse_spec(spec).spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +129,12 @@ class Preset:
     """Settings of a benchmark.
 
     Attributes:
-        name: str. np: int, ranks per run. cells: tuple of :class:`Cell`. seeds: tuple of int.
-        epochs: dict data set -> int epochs. batch_size: int, per-rank samples per step.
-        lr: float SGD learning rate. target: dict data set -> float target test accuracy.
-        model: "mlp" or "cnn". timeout_s: float seconds allowed per launch.
+        name: str. np: int, ranks per run (a cell's own ``np`` overrides it). cells: tuple of
+        :class:`Cell`. seeds: tuple of int. epochs: dict data set -> int epochs. batch_size: int,
+        per-rank samples per step. lr: float SGD learning rate. target: dict data set -> float
+        target test accuracy. model: "mlp" or "cnn". timeout_s: float seconds allowed per launch.
+        evals: int, test evaluations per run (``--eval-every`` is set so that a run of the cell's
+        ranks evaluates about this often; 0: once per epoch).
     """
 
     name: str
@@ -94,14 +147,32 @@ class Preset:
     target: dict = dataclasses.field(default_factory=lambda: {"digits": 0.9, "mnist": 0.9})
     model: str = "mlp"
     timeout_s: float = 600.0
+    evals: int = 0
 
-    def job_argv(self, dataset, epochs_factor=1):
-        """The training job's arguments shared by every run of ``dataset`` (list of str); the solo
+    def cell_np(self, cell):
+        """Ranks of ``cell``'s runs (int)."""
+        return cell.np or self.np
+
+    def cell_epochs(self, cell):
+        """Epochs of ``cell``'s runs (int)."""
+        return cell.epochs or self.epochs[cell.dataset]
+
+    def eval_every(self, cell):
+        """``--eval-every`` steps for ``cell`` (int), or None for once per epoch."""
+        if not self.evals:
+            return None
+        steps_per_epoch = TRAIN_SAMPLES[cell.dataset] // (self.cell_np(cell) * self.batch_size)
+        return max(1, steps_per_epoch * self.cell_epochs(cell) // self.evals)
+
+    def job_argv(self, cell, epochs_factor=1, eval_every=None):
+        """The training job's arguments shared by every run of ``cell`` (list of str); the solo
         runs pass ``epochs_factor`` = :data:`SOLO_EPOCHS_FACTOR` to measure over more steps."""
+        dataset = cell.dataset
         return [JOB] + DATASETS[dataset] + [
-            "--model", self.model, "--epochs", str(self.epochs[dataset] * epochs_factor),
+            "--model", self.model, "--epochs", str(self.cell_epochs(cell) * epochs_factor),
             "--batch-size", str(self.batch_size),
-            "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])]
+            "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])] + (
+            ["--eval-every", str(eval_every)] if eval_every else [])
 
     def cell_seeds(self, cell):
         """The seeds ``cell`` runs with (tuple of int)."""
@@ -113,7 +184,7 @@ class Preset:
         Raises:
             ValueError: np < 2, no seeds or cells, or a scenario that does not fit np ranks.
         """
-        if self.np < 2:
+        if self.np < 2 or any(c.np is not None and c.np < 2 for c in self.cells):
             raise ValueError(f"the benchmark needs at least 2 ranks, got np={self.np}")
         if not self.seeds or not self.cells or any(not self.cell_seeds(c) for c in self.cells):
             raise ValueError("the benchmark needs at least one seed and one scenario, and every scenario a seed")
@@ -121,32 +192,41 @@ class Preset:
             raise ValueError(f"scenario listed twice in {[c.key for c in self.cells]}")
         for c in self.cells:
             try:
-                _slowdown.parse_spec(c.scenario).validate(self.np)
+                _slowdown.parse_spec(c.scenario).validate(self.cell_np(c))
             except ValueError as exc:
-                raise ValueError(f"scenario {c.key} does not fit {self.np} ranks: {exc}") from None
-            if c.dataset not in self.epochs:
+                raise ValueError(f"scenario {c.key} does not fit {self.cell_np(c)} ranks: {exc}") from None
+            if c.epochs is None and c.dataset not in self.epochs:
                 raise ValueError(f"preset {self.name!r} has no epoch count for data set {c.dataset!r}")
 
 
-# The report: 9 (cell, seed) pairs x every protocol (54 launches with 6 protocols). The main scenario
-# (random:6, the Hop/RNA straggler) gets 2 seeds for the median and spread; the others one seed each.
-# About 15 minutes on a quiet 2-core machine (about 15 s per 4-rank launch, mostly TensorFlow
-# start-up, plus solo measurements). Every scenario of GUIDE section 2 appears alone, and the mix
-# uniform:0:50+netdelay:50 combines per-step jitter (RNA section 8) with network latency.
+# The report (``make bench``): the emulated cluster (device:40, 40 ms per 32-sample step) in every cell
+# but the real-CPU ones, which run 2 ranks so each rank has a core of its own. The headline cells
+# (RNA's random:6 on MNIST with 4 and 8 ranks) get 3 seeds for the median and range; the others one.
+# Each scenario of GUIDE section 2 appears, plus the no-heterogeneity cell (time per step against
+# BSP's) and netdelay:50 (SelSync's slow network). Task allocation's own comparison against equal
+# allocation lives in examples/benchmarks/taskalloc_bench.py.
 _FULL_CELLS = (
-    parse_cell("digits/random:6", seeds=(0, 1)), parse_cell("digits/none"), parse_cell("digits/deterministic:3:4"),
-    parse_cell("digits/uniform:0:50"), parse_cell("digits/netdelay:50"),
-    parse_cell("digits/uniform:0:50+netdelay:50"), parse_cell("digits/speeds:1,1,1,0.5"), parse_cell("mnist/random:6"))
+    parse_cell("np4:mnist/device:40+random:6", seeds=(0, 1, 2), epochs=5),
+    parse_cell("np8:mnist/device:40+random:6", seeds=(0, 1, 2), protocols=("rna",), epochs=8),
+    parse_cell("np4:digits/device:40"),
+    parse_cell("np4:digits/device:40+netdelay:50"),
+    parse_cell("np4:digits/device:40+speeds:1,1,1,0.5", protocols=("rna", "taskalloc")),
+    parse_cell("np4:digits/device:40+deterministic:3:4", protocols=("rna", "selsync", "localsgd", "fedavg")),
+    parse_cell("np8:mnist/device:40+speeds:1,1,1,1,1,1,0.5,0.25", protocols=("taskalloc",), epochs=4),
+    parse_cell("np2:digits/random:6", protocols=("rna",)),
+    parse_cell("np2:digits/none", protocols=("rna",)),
+)
 
-#: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds).
-LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 16.0, 15.0
+#: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds per launch, per solo).
+LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 45.0, 40.0
 
-#: the named presets. ``quick``: a smoke check (< 5 min with every protocol); ``full``: the README report.
+#: the named presets. ``quick``: a smoke check on the emulated cluster (about 5 min with every
+#: protocol); ``full``: the README report.
 PRESETS = {
-    "quick": Preset("quick", np=4, cells=(parse_cell("digits/random:6"),), seeds=(0,),
+    "quick": Preset("quick", np=4, cells=(parse_cell("digits/device:30+random:6"),), seeds=(0,),
                     epochs={"digits": 6, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}),
-    "full": Preset("full", np=4, cells=_FULL_CELLS, seeds=(0,), epochs={"digits": 10, "mnist": 4},
-                   target={"digits": 0.88, "mnist": 0.85}),
+    "full": Preset("full", np=4, cells=_FULL_CELLS, seeds=(0,), epochs={"digits": 20, "mnist": 5},
+                   target={"digits": 0.95, "mnist": 0.9}, evals=24),
 }
 
 
@@ -158,13 +238,15 @@ def plan(preset, protocols):
 
     Returns:
         list of ``(seed, cell, protocol)``: for each seed, for each cell that has this seed, every
-        protocol once; the protocol order is rotated by one from cell to cell.
+        protocol once (only BSP and the cell's own ``protocols`` where it names some); the protocol
+        order is rotated by one from cell to cell.
     """
     order, k = [], 0
     for seed in sorted({s for c in preset.cells for s in preset.cell_seeds(c)}):
         for cell in [c for c in preset.cells if seed in preset.cell_seeds(c)]:
-            rot = k % len(protocols)
-            order += [(seed, cell, p) for p in protocols[rot:] + protocols[:rot]]
+            mine = [p for p in protocols if cell.protocols is None or p == "bsp" or p in cell.protocols]
+            rot = k % len(mine)
+            order += [(seed, cell, p) for p in mine[rot:] + mine[:rot]]
             k += 1
     return order
 
@@ -182,7 +264,8 @@ def _env():
 def launch_command(preset, seed, cell, protocol, out, protocol_args=()):
     """The ``horovodrun --mpi`` command (list of str) of one run."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    cmd = [horovodrun, "--mpi", "-np", str(preset.np), sys.executable] + preset.job_argv(cell.dataset) + [
+    cmd = [horovodrun, "--mpi", "-np", str(preset.cell_np(cell)), sys.executable] + preset.job_argv(
+        cell, eval_every=preset.eval_every(cell)) + [
         "--protocol", protocol, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"]
     for a in protocol_args:
         cmd += ["--protocol-arg", a]
@@ -208,7 +291,14 @@ def analyse_run(run_dir, solo):
     with open(os.path.join(run_dir, "summary.json")) as f:
         s = json.load(f)
     rates = efficiency.run_rates(run_dir)
-    first = efficiency.read_jsonl(os.path.join(run_dir, "rank0.jsonl"))[0]["wall_s"]
+    records = efficiency.read_jsonl(os.path.join(run_dir, "rank0.jsonl"))
+    first = records[0]["wall_s"]
+    analytic = efficiency.analytic_solo(s["scenario"], s["world_size"], s["batch_size"]) \
+        if s.get("scenario") and s.get("batch_size") else None
+    e_analytic = efficiency.efficiency(rates["samples_per_s"], analytic) if analytic else None
+    e_measured = (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
+                  if "samples_per_s" in solo else None)
+    emulated = bool(s.get("emulated_steps"))
     target = s.get("target_accuracy")
     curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
     reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
@@ -220,9 +310,16 @@ def analyse_run(run_dir, solo):
         "samples_per_s": rates["samples_per_s"],
         "per_rank_samples_per_s": [p["samples_per_s"] for p in rates["per_rank"]],
         "rates_concurrent": rates["concurrent"], "rates_window_s": rates["window"],
-        "efficiency": (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
-                       if "samples_per_s" in solo else None),
+        "efficiency": e_measured,
+        "efficiency_analytic": e_analytic,
         "bsp_expected_efficiency": solo.get("bsp_expected_e"),
+        "bsp_expected_efficiency_analytic": efficiency.bsp_expected_efficiency(analytic) if analytic else None,
+        "step_ms": 1e3 / rates["steps_per_s"],
+        "emulated": emulated,
+        "overrun_steps": s.get("overrun_steps", 0), "emulated_steps": s.get("emulated_steps", 0),
+        "overrun_fraction": s.get("overrun_fraction", 0.0) if emulated else None,
+        "emulation_valid": s.get("emulation_valid"),
+        "e_flagged": bool(emulated and any(e is not None and e > E_FLAG for e in (e_measured, e_analytic))),
         "steps": s.get("steps"), "wall_s": s.get("wall_s"), "weights_in_sync": s.get("weights_in_sync"),
         "target_accuracy": target, "accuracy_curve": curve, "stats": s.get("stats", {}),
     }
@@ -233,7 +330,8 @@ def add_ratios(runs):
 
     ``speedup_time_to_target`` = BSP's time to target / the run's (> 1: faster than BSP; None if
     either missed the target); ``samples_per_s_ratio``, ``steps_per_s_ratio``, ``efficiency_ratio`` =
-    the run's / BSP's; ``accuracy_delta`` = run's final accuracy - BSP's (points of [0, 1]).
+    the run's / BSP's; ``step_ms_ratio`` = the run's time per step / BSP's; ``accuracy_delta`` =
+    run's final accuracy - BSP's (points of [0, 1]).
     """
     bsp = {(r["seed"], r["cell"]): r for r in runs if r["protocol"] == "bsp" and r["status"] == "ok"}
     for r in runs:
@@ -242,7 +340,7 @@ def add_ratios(runs):
             continue
         t, tb = r["time_to_target_s"], base["time_to_target_s"]
         r["speedup_time_to_target"] = tb / t if t and tb else None
-        for k in ("samples_per_s", "steps_per_s", "efficiency"):
+        for k in ("samples_per_s", "steps_per_s", "efficiency", "step_ms"):
             r[f"{k}_ratio"] = r[k] / base[k] if r.get(k) and base.get(k) else None
         r["accuracy_delta"] = r["final_test_accuracy"] - base["final_test_accuracy"]
 
@@ -255,8 +353,9 @@ def _stats(values):
             "std": statistics.pstdev(vals), "n": len(vals)}
 
 
-AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "speedup_time_to_target", "samples_per_s_ratio",
-                        "steps_per_s_ratio", "efficiency_ratio", "accuracy_delta")
+AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "bsp_expected_efficiency_analytic", "speedup_time_to_target",
+                        "samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio", "step_ms_ratio",
+                        "accuracy_delta")
 
 
 def aggregate(runs):
@@ -276,7 +375,10 @@ def aggregate(runs):
         row = {"cell": cell, "dataset": rs[0]["dataset"], "scenario": rs[0]["scenario"], "protocol": proto,
                "runs": len(rs), "failed": len(rs) - len(ok),
                "reached_target": sum(1 for r in ok if r["time_to_target_s"] is not None),
-               "not_concurrent": sum(1 for r in ok if r.get("rates_concurrent") is False)}
+               "not_concurrent": sum(1 for r in ok if r.get("rates_concurrent") is False),
+               "np": rs[0].get("np"), "emulated": any(r.get("emulated") for r in ok),
+               "overrun_invalid": sum(1 for r in ok if r.get("emulation_valid") is False),
+               "e_flagged": sum(1 for r in ok if r.get("e_flagged"))}
         for k in AGG_FIELDS:
             row[k] = _stats([r.get(k) for r in ok])
         out.append(row)
@@ -370,8 +472,9 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
                 solo_dir = os.path.join(out_dir, "solo", _slug(cell.key))
                 try:
                     results["solo"][cell.key] = efficiency.measure_solo(
-                        preset.job_argv(cell.dataset, SOLO_EPOCHS_FACTOR), cell.scenario, preset.np, solo_dir,
-                        cwd=ROOT, env=_env(), timeout_s=preset.timeout_s)
+                        preset.job_argv(cell, 1 if cell.emulated else SOLO_EPOCHS_FACTOR), cell.scenario,
+                        preset.cell_np(cell),
+                        solo_dir, cwd=ROOT, env=_env(), timeout_s=preset.timeout_s)
                 except (efficiency.SoloError, OSError, ValueError) as exc:
                     # keep going: the cell's runs still give every figure but E (reported as missing)
                     results["solo"][cell.key] = {"error": str(exc)[-3000:]}
@@ -395,7 +498,7 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
 def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
     cmd = launch_command(preset, seed, cell, proto, run_dir, proto_args)
     rec = {"protocol": proto, "seed": seed, "cell": cell.key, "dataset": cell.dataset, "scenario": cell.scenario,
-           "np": preset.np, "out": run_dir, "command": " ".join(shlex.quote(a) for a in cmd)}
+           "np": preset.cell_np(cell), "out": run_dir, "command": " ".join(shlex.quote(a) for a in cmd)}
     os.makedirs(run_dir, exist_ok=True)
     t = time.time()
     try:
@@ -427,6 +530,8 @@ def _slug(text):
 def _preset_dict(preset):
     d = dataclasses.asdict(preset)
     d["cells"] = [c.key for c in preset.cells]
+    d["cell_np"] = {c.key: preset.cell_np(c) for c in preset.cells}
+    d["cell_protocols"] = {c.key: list(c.protocols) if c.protocols else None for c in preset.cells}
     d["cell_seeds"] = {c.key: list(preset.cell_seeds(c)) for c in preset.cells}
     d["seeds"] = sorted({s for c in preset.cells for s in preset.cell_seeds(c)})
     return d

@@ -58,8 +58,7 @@ def accuracy_plot(results, path):
         ax.legend(fontsize=8, loc="lower right")
     for ax in list(axes.flat)[len(cells):]:
         ax.set_visible(False)
-    np_ = results["preset"]["np"]
-    fig.suptitle(f"Test accuracy vs wall-clock, {np_} ranks (thick: first seed; thin: other seeds; "
+    fig.suptitle(f"Test accuracy vs wall-clock (thick: first seed; thin: other seeds; "
                  f"dotted: target)", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

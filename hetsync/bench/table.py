@@ -3,8 +3,8 @@ from tabulate import tabulate
 
 __all__ = ["markdown_table", "micro_table", "HEADERS"]
 
-HEADERS = ["data/scenario", "protocol", "time to target s", "speed-up vs BSP", "final acc", "acc - BSP",
-           "steps/s", "samples/s", "E", "E (BSP expected)", "reached"]
+HEADERS = ["ranks", "data/scenario", "protocol", "time to target s", "speed-up vs BSP", "final acc", "acc - BSP",
+           "step ms / BSP's", "samples/s", "E", "E analytic", "E (BSP expected)", "overrun steps", "reached"]
 
 
 def _cell(stat, spec, suffix=""):
@@ -26,17 +26,38 @@ def markdown_table(results):
     rows = []
     for a in results["aggregate"]:
         reached = f"{a['reached_target']}/{a['runs']}" + (f" ({a['failed']} failed)" if a["failed"] else "")
-        rows.append([a["cell"], a["protocol"], _cell(a["time_to_target_s"], ".2f"),
+        cell = a["cell"].split(":", 1)[1] if a["cell"].startswith("np") else a["cell"]
+        ranks = str(a.get("np") or results.get("preset", {}).get("np", "-")) + ("" if a.get("emulated") else " (real CPU)")
+        overrun = "-" if not a.get("emulated") else (
+            _cell(_percent(a.get("overrun_fraction")), ".1f", "%") + (" !" if a.get("overrun_invalid") else ""))
+        bsp_e = a.get("bsp_expected_efficiency_analytic") if a.get("emulated") else None
+        rows.append([ranks, cell, a["protocol"], _cell(a["time_to_target_s"], ".2f"),
                      _cell(a["speedup_time_to_target"], ".2f", "x"), _cell(a["final_test_accuracy"], ".3f"),
-                     _cell(a["accuracy_delta"], "+.3f"), _cell(a["steps_per_s"], ".1f"),
+                     _cell(a["accuracy_delta"], "+.3f"), _cell(a.get("step_ms_ratio"), ".2f", "x"),
                      _cell(a["samples_per_s"], ".0f"),
-                     _cell(a["efficiency"], ".2f") + ("*" if a.get("not_concurrent") else ""),
-                     _cell(a["bsp_expected_efficiency"], ".2f"), reached])
+                     _cell(a["efficiency"], ".2f") + ("*" if a.get("not_concurrent") else "")
+                     + (" !" if a.get("e_flagged") else ""),
+                     _cell(a.get("efficiency_analytic"), ".2f"),
+                     _cell(bsp_e or a["bsp_expected_efficiency"], ".2f"), overrun, reached])
     text = tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True)
+    notes = []
     if any(a.get("not_concurrent") for a in results["aggregate"]):
-        text += ("\n\n\\* in some seeds the ranks never trained at the same time (e.g. one finished before "
-                 "another left its warm-up); their speeds count idle time over the whole span, a lower bound.")
-    return text
+        notes.append("\\* in some seeds the ranks never trained at the same time (e.g. one finished before "
+                     "another left its warm-up); their speeds count idle time over the whole span, a lower bound.")
+    if any(a.get("e_flagged") for a in results["aggregate"]):
+        notes.append("E ! : an emulated run with E above 1.05, which no real cluster can reach; its figures are "
+                     "suspect.")
+    if any(a.get("overrun_invalid") for a in results["aggregate"]):
+        notes.append("overrun ! : more than 1% of a run's steps computed longer than their emulated device "
+                     "time, so the emulation does not hold for that run.")
+    return text + "".join("\n\n" + n for n in notes)
+
+
+def _percent(stat):
+    """A fraction statistic as percentages (same keys)."""
+    if not stat:
+        return stat
+    return {k: (v * 100 if k in ("median", "min", "max", "std") else v) for k, v in stat.items()}
 
 
 def micro_table(micro):
