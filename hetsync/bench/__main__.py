@@ -118,7 +118,8 @@ def main(argv=None):
     order = matrix.plan(preset, names)
     if args.dry_run:
         est = len(order) * matrix.LAUNCH_ESTIMATE_S + len(preset.cells) * matrix.SOLO_ESTIMATE_S
-        print(f"{len(order)} training launches + {len(preset.cells)} solo measurements ({preset.np} ranks each); "
+        print(f"{len(order)} training launches + {len(preset.cells)} solo measurements ({preset.np} ranks unless a cell "
+              "names its own); "
               f"about {est / 60:.0f} min on a quiet 2-core machine ({matrix.LAUNCH_ESTIMATE_S:.0f} s per launch, "
               f"{matrix.SOLO_ESTIMATE_S:.0f} s per solo measurement)")
         for seed, cell, proto in order:
