@@ -111,7 +111,7 @@ def test_total_smaller_than_world_size_is_refused(monkeypatch):
 def test_fit_data_checks_and_cli_registration(tmp_path):
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive")
     proto = opt.hetsync_protocol
-    assert proto.total == 8 and proto.weights.tolist() == [8]  # default C = 8 n in adaptive mode
+    assert proto.total == 1 and proto.weights.tolist() == [1]  # adaptive default: C is set from b by fit_data
     with pytest.raises(ValueError, match="batch_size .* must be an integer >= 1, got 0"):
         proto.fit_data(np.zeros((10, 2)), np.zeros(10), 0)
     with pytest.raises(ValueError, match="x has 10 samples but y has 9"):
@@ -290,8 +290,9 @@ def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_rel
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_default_micro_batch_keeps_bsps_global_batch(n):
-    # adaptive default C = 8 n, b = 32: micro-batches of 4, global batch n x 32 (BSP's)
+    # C = 8 n, b = 32: micro-batches of 4, global batch n x 32 (BSP's); adaptive default C = n b: one sample
     assert ta.default_micro_batch(n, 32, 8 * n) == 4
+    assert ta.default_micro_batch(n, 32, 32 * n) == 1
     # static default C = n: the micro-batch is b
     assert ta.default_micro_batch(n, 32, n) == 32
     for b in (1, 5, 32, 100):
@@ -316,25 +317,45 @@ def test_default_micro_batch_rounds_and_refuses_bad_values():
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_default_adaptive_allocation_has_bsps_global_batch(monkeypatch, n):
-    """The issue's case: adaptive by default, b = 32: C = 8 n micro-batches of 4, n x 32 samples per round."""
+    """The issue's case: adaptive by default, b = 32: C = 32 n single-sample micro-batches, n x 32 samples
+    per round (BSP's global batch), fine enough for any speed ratio; micro_batch=4 gives C = 8 n."""
     monkeypatch.setattr(hetsync.runtime, "size", lambda: n)
     monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive").hetsync_protocol
     fit = proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 32)
-    assert proto.total == 8 * n and proto.micro_batch == 4 and proto.batch_size == 32
-    assert proto.global_batch == n * 32
+    assert proto.total == 32 * n and proto.micro_batch == 1 and proto.batch_size == 32
+    assert proto.global_batch == n * 32 and proto.weights.tolist() == [32] * n
     full = proto.counts[:-1]  # every round but the last, partial one holds BSP's global batch
-    assert len(full) and np.all(full.sum(axis=1) == n * 32) and np.all(full == proto.weights * 4)
+    assert len(full) and np.all(full.sum(axis=1) == n * 32) and np.all(full == proto.weights)
     assert proto.counts.sum() == 1000 and fit["steps_per_epoch"] == proto.rounds == int(np.ceil(1000 / (n * 32)))
     s = proto.summary_stats()
-    assert (s["micro_batch"], s["global_batch"], s["batch_size"], s["total"]) == (4, n * 32, 32, 8 * n)
+    assert (s["micro_batch"], s["global_batch"], s["batch_size"], s["total"]) == (1, n * 32, 32, 32 * n)
     assert proto.config()["micro_batch"] is None
+    coarse = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", micro_batch=4).hetsync_protocol
+    coarse.fit_data(np.zeros((1000, 2)), np.zeros(1000), 32)
+    assert (coarse.total, coarse.micro_batch, coarse.global_batch) == (8 * n, 4, n * 32)
+
+
+def test_adaptive_default_expresses_a_two_to_one_speed_ratio():
+    """With single-sample units eq. (10) reaches E ~ 0.99 under speeds:1,1,1,0.5; with C = 8 n it cannot
+    beat 0.91 (the slow rank's one extra micro-batch sets the round time)."""
+    v = np.array([1.0, 1.0, 1.0, 0.5])
+    for total, best_e in ((4 * 32, 0.98), (32, 0.91)):
+        w = ta.adapt_allocation(np.full(4, total // 4), (total // 4) / v, total)
+        e = (total / v.sum()) / np.max(w / v)  # ideal round time over the allocation's round time
+        assert e >= best_e and (total != 32 or e < 0.92), (total, w, e)
 
 
 def test_explicit_micro_batch_gives_c_micro_batches_of_that_size(monkeypatch):
     monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
     monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    # adaptive, micro_batch alone: the unit of the allocation, C = n b / 16 = 8, BSP's global batch
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", micro_batch=16).hetsync_protocol
+    proto.fit_data(np.zeros((2000, 2)), np.zeros(2000), 32)
+    assert (proto.total, proto.micro_batch, proto.global_batch) == (8, 16, 128)
+    # with an explicit C the global batch is C x micro_batch: "a larger C stays available"
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=32,
+                                   micro_batch=16).hetsync_protocol
     proto.fit_data(np.zeros((2000, 2)), np.zeros(2000), 32)
     assert proto.total == 32 and proto.micro_batch == 16 and proto.global_batch == 32 * 16  # 4x BSP's 4 x 32
     assert np.all(proto.counts[:-1] == proto.weights * 16) and proto.counts.sum() == 2000

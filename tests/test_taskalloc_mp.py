@@ -80,7 +80,7 @@ def test_adaptive_allocation_converges_to_the_speed_ratio_and_equal_speeds_stay_
 def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_path):
     common = ["examples/keras_digits.py", "--epochs", "20", "--lr", "0.2", "--quiet", "--batch-size", "32"]
     # the same --batch-size 32 for both. BSP: 2 ranks x 32 samples = 64 per step; task allocation with its
-    # defaults (adaptive: C = 8 n = 16 micro-batches of 64 / 16 = 4 samples): 64 per round as well,
+    # defaults (adaptive: C = n b = 64 single-sample micro-batches): 64 per round as well,
     # under a 2x slower rank 1, so the shares become unequal
     launch(2, common + ["--protocol", "bsp", "--out", str(tmp_path / "bsp")], launcher="horovodrun-mpi")
     launch(2, common + ["--protocol", "taskalloc", "--protocol-arg", "mode=adaptive", "--slowdown", "speeds:1,0.5",
@@ -91,9 +91,9 @@ def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_
                                                                                 bsp["final_test_accuracy"])
     assert ta["protocol"] == "taskalloc" and ta["weights_in_sync"] is True
     stats = ta["stats"]
-    assert stats["mode"] == "adaptive" and stats["total"] == 16 and stats["micro_batch"] == 4
+    assert stats["mode"] == "adaptive" and stats["total"] == 64 and stats["micro_batch"] == 1
     assert stats["global_batch"] == 64 and stats["batch_size"] == 32 and ta["protocol_config"]["micro_batch"] is None
-    assert len(stats["epochs"]) == 20 and all(sum(h["w"]) == 16 and min(h["w"]) >= 1 for h in stats["epochs"])
+    assert len(stats["epochs"]) == 20 and all(sum(h["w"]) == 64 and min(h["w"]) >= 1 for h in stats["epochs"])
     for h in stats["epochs"]:  # per-epoch statistics in summary.json: w, t_s, waiting time per rank, E
         assert len(h["w"]) == len(h["t_s_s"]) == len(h["wait_s"]) == 2 and min(h["t_s_s"]) > 0
         assert min(h["wait_s"]) >= 0 and 0 < h["efficiency"] <= 1 and h["epoch_wall_s"] > 0

@@ -34,6 +34,12 @@ variant keeps horovod's default); default 0.2 ms (horovod's own
 default is 5 ms, too long against rounds of a few tens of milliseconds; ``--cycle-time-ms 0`` keeps
 horovod's default). Prints a table and writes ``OUT/results.json``.
 
+``--device MS`` runs every configuration on the emulated cluster (scenario part ``device:MS``, see
+:mod:`hetsync.slowdown`): each step lasts K_i x MS x samples / b ms whatever the cores do, so the
+ranks' speeds are those of their devices; E is then also given against the analytic solo speeds
+b / (K_i MS) (``E analytic``), and the overrun steps are reported. ``--speeds`` sets the
+heterogeneous scenario (e.g. ``speeds:1,1,1,1,1,1,0.5,0.25`` with ``--np 8``).
+
 ``--simulated MS`` instead runs ``tests/mp/taskalloc_adaptive.py`` (digits, small CNN) with a
 *simulated device* that waits MS ms per sample on a timer thread (no CPU), so compute time is
 proportional to the work and independent of how the machine's cores are shared: equal static
@@ -49,6 +55,13 @@ Usage: ``.venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/task
         --micro-batch 32 --epochs 10 --skip 3 --repeats 3
     .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/tasim --simulated 3.0 --total 28 \
         --micro-batch 8 --epochs 8 --skip 3 --repeats 2
+
+and on the emulated cluster, with task allocation's default settings (BSP's global batch)::
+
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta-emu4 --device 40 --np 4 \
+        --defaults 32 --model mlp --epochs 8 --skip 3 --repeats 3 --no-solo
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta-emu8 --device 40 --np 8 \
+        --speeds speeds:1,1,1,1,1,1,0.5,0.25 --defaults 32 --model mlp --epochs 8 --skip 3 --repeats 3 --no-solo
 """
 import argparse
 import json
@@ -63,6 +76,7 @@ from tabulate import tabulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+from hetsync import slowdown  # noqa: E402
 from hetsync.bench import efficiency  # noqa: E402
 
 PY = os.path.join(ROOT, ".venv", "bin", "python")
@@ -74,29 +88,46 @@ def slow_spec(np_):
     return "speeds:" + ",".join(["1"] * (np_ - 1) + ["0.5"])
 
 
-def configs(total, micro, np_=4):
+def on_device(spec, device_ms):
+    """``spec`` on the emulated device of ``device_ms`` ms per step (``device:MS+spec``), or unchanged if 0."""
+    if not device_ms:
+        return spec
+    return f"device:{device_ms:g}" + ("" if spec == "none" else "+" + spec)
+
+
+def configs(total, micro, np_=4, speeds=None, device_ms=0, batch_size=None):
     """Return {name: (slowdown spec, protocol argv)}: every run has the global batch total x micro samples.
 
     Args:
         total: int C, micro-batches per round. micro: int samples per micro-batch (task allocation's
-            ``micro_batch``). np_: int ranks.
+            ``micro_batch``). np_: int ranks. speeds: the heterogeneous scenario (a ``speeds:...``
+            spec; default :func:`slow_spec`). device_ms: float, run on the emulated device of that
+            many ms per step of the per-rank batch (0: the real CPU). batch_size: int b, or None;
+            given, ``total`` and ``micro`` are ignored and task allocation runs with its *default*
+            settings (adaptive: single-sample allocation, static: C = n; both BSP's global batch n b).
 
     Raises:
         SystemExit: ``total`` not a multiple of ``np_`` (the equal allocation and the per-rank batch
             size C x micro / np_ would not be whole).
     """
-    if total % np_:
-        raise SystemExit(f"--total {total} must be a multiple of --np {np_} (equal allocation, BSP batch)")
-    batch = str(total * micro // np_)  # the per-rank batch size b of every run (BSP's)
-    ta = ["--protocol", "taskalloc", "--batch-size", batch, "--protocol-arg", f"total={total}",
-          "--protocol-arg", f"micro_batch={micro}"]
+    if batch_size is not None:  # the protocol's defaults: BSP's global batch
+        batch = str(batch_size)
+        ta = ["--protocol", "taskalloc", "--batch-size", batch]
+    else:
+        if total % np_:
+            raise SystemExit(f"--total {total} must be a multiple of --np {np_} (equal allocation, BSP batch)")
+        batch = str(total * micro // np_)  # the per-rank batch size b of every run (BSP's)
+        ta = ["--protocol", "taskalloc", "--batch-size", batch, "--protocol-arg", f"total={total}",
+              "--protocol-arg", f"micro_batch={micro}"]
     bsp = ["--protocol", "bsp", "--batch-size", batch]
+    hetero = on_device(speeds or slow_spec(np_), device_ms)
+    same = on_device("none", device_ms)
     return {
-        "hetero/equal": (slow_spec(np_), ta + ["--protocol-arg", "mode=static"]),
-        "hetero/adaptive": (slow_spec(np_), ta + ["--protocol-arg", "mode=adaptive"]),
-        "hetero/bsp": (slow_spec(np_), bsp),
-        "equal/bsp": ("none", bsp),
-        "equal/adaptive": ("none", ta + ["--protocol-arg", "mode=adaptive"]),
+        "hetero/equal": (hetero, ta + ["--protocol-arg", "mode=static"]),
+        "hetero/adaptive": (hetero, ta + ["--protocol-arg", "mode=adaptive"]),
+        "hetero/bsp": (hetero, bsp),
+        "equal/bsp": (same, bsp),
+        "equal/adaptive": (same, ta + ["--protocol-arg", "mode=adaptive"]),
     }
 
 
@@ -159,6 +190,11 @@ def run(name, spec, argv, args, out, cache=None):
         batches = [w * s["stats"]["micro_batch"] for w in rec["w_last"]]
     else:
         batches = [s["batch_size"]] * args.np
+    analytic = efficiency.analytic_solo(spec, args.np, s["batch_size"])
+    if analytic:  # emulated device: E against each rank's expected device speed, b / (K_i MS)
+        rec["solo_analytic_samples_per_s"] = analytic
+        rec["e_analytic"] = efficiency.efficiency(samples_per_epoch / rec["epoch_s"], analytic)
+        rec["overrun_steps"], rec["emulated_steps"] = s["overrun_steps"], s["emulated_steps"]
     if cache is not None:
         solo = solo_speeds(spec, batches, args, out + "_solo", cache)
         rec["solo_samples_per_s"] = solo
@@ -222,6 +258,9 @@ def main(argv=None):
     p.add_argument("--micro-batch", type=int, default=32,
                    help="samples per micro-batch, task allocation's micro_batch argument; every run's per-rank "
                         "--batch-size is total x micro-batch / np")
+    p.add_argument("--defaults", type=int, default=None, metavar="B",
+                   help="task allocation with its default settings and per-rank batch B (BSP's global batch n B; "
+                        "--total and --micro-batch are then not used)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--skip", type=int, default=3, help="epochs left out of the medians (warm-up, adaptation)")
     p.add_argument("--lr", type=float, default=0.1)
@@ -232,6 +271,12 @@ def main(argv=None):
     p.add_argument("--solo-epochs", type=int, default=12,
                    help="epochs of the smallest-batch solo process (the others run proportionally more)")
     p.add_argument("--no-solo", action="store_true", help="skip the solo speeds and the E they give")
+    p.add_argument("--device", type=float, default=0.0, metavar="MS",
+                   help="run every configuration on the emulated device (scenario device:MS, MS ms per step of the "
+                        "per-rank batch); E is then also computed against the analytic solo speeds; 0: real CPU")
+    p.add_argument("--speeds", default=None, metavar="SPEC",
+                   help="heterogeneous scenario, a speeds:... spec with one speed per rank (default: the last "
+                        "rank at half speed)")
     p.add_argument("--simulated", type=float, default=None, metavar="MS",
                    help="simulated-device variant: MS milliseconds of compute per sample (see above)")
     args = p.parse_args(argv)
@@ -242,10 +287,22 @@ def main(argv=None):
         p.error(f"--skip must be in [0, --epochs), got {args.skip}")
     if args.cycle_time_ms < 0:
         p.error(f"--cycle-time-ms must be >= 0, got {args.cycle_time_ms}")
+    if not args.device >= 0:
+        p.error(f"--device must be a number of milliseconds >= 0 (0: real CPU), got {args.device}")
+    if args.speeds is not None:
+        try:
+            scenario = slowdown.parse_spec(args.speeds)
+            scenario.validate(args.np)
+        except ValueError as exc:
+            p.error(f"--speeds: {exc}")
+        if [type(c).__name__ for c in scenario.components] != ["Speeds"]:
+            p.error(f"--speeds must be one speeds:S0,S1,... spec, got {args.speeds!r}")
     if args.simulated is not None:
         run_simulated(args)
         return 0
-    cfgs = configs(args.total, args.micro_batch, args.np)
+    if args.defaults is not None and args.defaults < 1:
+        p.error(f"--defaults must be a positive batch size, got {args.defaults}")
+    cfgs = configs(args.total, args.micro_batch, args.np, args.speeds, args.device, args.defaults)
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only.split(",")}
     results, cache = [], None if args.no_solo else {}
@@ -264,10 +321,12 @@ def main(argv=None):
     rows = [[n, f"{med[n]:.3f}", " ".join(f"{r['epoch_s']:.3f}" for r in rs),
              " ".join(f"{r['samples_per_epoch']:.0f}" for r in rs),
              " ".join(f"{r['e_solo']:.3f}" for r in rs if "e_solo" in r) or "-",
+             " ".join(f"{r['e_analytic']:.3f}" for r in rs if "e_analytic" in r) or "-",
+             " ".join(f"{r['overrun_steps']}/{r['emulated_steps']}" for r in rs if "emulated_steps" in r) or "-",
              " ".join(f"{r['efficiency']:.3f}" for r in rs if "efficiency" in r) or "-",
              " ".join(f"{r['accuracy']:.4f}" for r in rs), rs[-1].get("w_last", "-")] for n, rs in by.items() if rs]
     print(tabulate(rows, headers=["config", "epoch s (median)", "per repeat", "samples/epoch", "E per repeat",
-                                  "E in-run per repeat",
+                                  "E analytic per repeat", "overrun steps", "E in-run per repeat",
                                   "accuracy", "last w"],
                    tablefmt="github"))
     ratios = {}
@@ -281,10 +340,16 @@ def main(argv=None):
         # per sample is the like-for-like comparison.
         per = {n: statistics.median(r["us_per_sample"] for r in by[n]) for n in ("equal/adaptive", "equal/bsp")}
         ratios["adaptive_vs_bsp_time_per_sample_equal_speeds"] = per["equal/adaptive"] / per["equal/bsp"]
+    if "hetero/bsp" in med and "hetero/adaptive" in med:
+        acc = {n: statistics.median(r["accuracy"] for r in by[n]) for n in ("hetero/adaptive", "hetero/bsp")}
+        ratios["adaptive_minus_bsp_accuracy_hetero"] = acc["hetero/adaptive"] - acc["hetero/bsp"]
     for n, rs in by.items():
         es = [r["e_solo"] for r in rs if "e_solo" in r]
         if es:
             ratios[f"e_median/{n}"] = statistics.median(es)
+        ea = [r["e_analytic"] for r in rs if "e_analytic" in r]
+        if ea:
+            ratios[f"e_analytic_median/{n}"] = statistics.median(ea)
     print(json.dumps(ratios, indent=1))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "runs": results, "median_epoch_s": med, "ratios": ratios}, f, indent=1)

@@ -60,8 +60,10 @@ log = logging.getLogger("hetsync")
 
 #: allowed values of ``mode``.
 MODES = ("static", "adaptive")
-#: default C per rank when neither ``weights`` nor ``total`` is given in adaptive mode.
-ADAPTIVE_UNITS_PER_RANK = 8
+#: adaptive mode without ``weights`` or ``total``: the allocation unit is this many samples (C = n b / unit),
+#: so eq. (10) can express any speed ratio down to single samples (with C = 8 n, ``speeds:1,1,1,0.5``
+#: rounds to [9, 9, 9, 5] and the slow rank's extra micro-batch caps E at 0.91).
+ADAPTIVE_DEFAULT_UNIT = 1
 
 
 # -- pure allocation arithmetic (no TensorFlow, no MPI; unit-tested directly) ---------------------
@@ -73,7 +75,7 @@ def default_micro_batch(n, batch_size, total):
     n ranks x b samples) when C divides n b, else the nearest multiple of C (n b / C rounded to
     the nearest integer, halves up; at least 1, so whenever C > n b the micro-batch is 1 sample and
     the global batch C samples, more than BSP's).
-    Example: n = 4 ranks, b = 32, adaptive default C = 8 n = 32: mb = 4, global batch 128 = 4 x 32.
+    Example: n = 4 ranks, b = 32, C = 8 n = 32: mb = 4, global batch 128 = 4 x 32.
 
     Args:
         n: int >= 1, number of ranks (world size).
@@ -376,8 +378,10 @@ class TaskAllocationProtocol(Protocol):
         if w is not None and len(w) != n:
             raise ValueError(f"TaskAllocation: {len(w)} weights {w} given, but the world size is {n} "
                              "(one weight per rank)")
+        # adaptive without weights or total: C is set from b in fit_data (n b / unit micro-batches)
+        self._auto_total = self.mode == "adaptive" and w is None and total is None
         if total is None:
-            total = sum(w) if w is not None else (n if self.mode == "static" else ADAPTIVE_UNITS_PER_RANK * n)
+            total = sum(w) if w is not None else n
         if total < n:
             raise ValueError(f"TaskAllocation: total C={total} is smaller than the world size {n}; every rank "
                              "needs at least one micro-batch per round")
@@ -428,6 +432,13 @@ class TaskAllocationProtocol(Protocol):
         if len(x) != len(y):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
         n = runtime.size()
+        if self._auto_total:
+            unit = self._micro_batch_arg if self._micro_batch_arg is not None else ADAPTIVE_DEFAULT_UNIT
+            total = max(n, (n * b) // unit)
+            if total != self.total:  # first fit (or a new batch size): equal shares of the new C
+                self.total = int(total)
+                self.weights = round_allocation([total / n] * n, total)
+                self._stats["w"].assign(float(self.weights[runtime.rank()]))
         mb = self._micro_batch_arg if self._micro_batch_arg is not None else default_micro_batch(n, b, self.total)
         self.batch_size, self.micro_batch, self.seed, self.n_samples = b, mb, int(seed), len(x)
         if self._micro_batch_arg is None and self.global_batch != n * b and runtime.rank() == 0:
@@ -723,9 +734,14 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
     run switched from BSP makes as many updates per epoch as BSP. If C does not divide n b, the
     micro-batch is n b / C rounded to the nearest integer, at least 1
     (:func:`default_micro_batch`), and the global batch is C x micro_batch, close to n x b. With
-    the defaults C = n (static) and C = 8 n (adaptive) and b = 32: micro-batches of 32 and of 4
-    samples, a global batch of 32 n either way. An int ``micro_batch`` sets the micro-batch size
-    and hence a global batch of C x micro_batch samples (e.g. larger than BSP's).
+    the static default C = n and b = 32: micro-batches of 32 samples. The adaptive default
+    (neither ``weights`` nor ``total``) allocates single samples: C = n b micro-batches of one
+    sample (of ``micro_batch`` samples if given: C = n b / micro_batch), so eq. (10) can express
+    any speed ratio (with C = 8 n, ``speeds:1,1,1,0.5`` rounds to [9, 9, 9, 5] and the slow
+    rank's extra micro-batch caps E at 0.91). Each rank's w_i micro-batches are one Keras batch
+    (one forward/backward pass), so a small micro-batch costs nothing per step. Either way the
+    global batch is 32 n for b = 32. An int ``micro_batch`` with an explicit C sets the micro-batch
+    size and hence a global batch of C x micro_batch samples (e.g. larger than BSP's).
 
     ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
     compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
@@ -749,7 +765,7 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
         weights: list of n positive ints w_i (micro-batches per round, n = world size), or None:
             equal shares of ``total`` (largest-remainder rounding).
         total: int C >= n, micro-batches per round over all ranks; default sum(weights), else n
-            (static) or 8 n (adaptive, fine enough to express speed ratios).
+            (static) or n b / micro_batch (adaptive: single samples by default, set by ``fit_data``).
         threshold: float in [0, 1): smallest predicted relative shortening of a round (compute
             time of its slowest rank) for which a reallocation is adopted.
         patience: int >= 1: epochs below ``threshold`` after which the allocation is frozen.
