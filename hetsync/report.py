@@ -49,9 +49,12 @@ def _overruns(s):
 
 
 def comparison_rows(summaries):
-    """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time."""
+    """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time.
+
+    ``steps``: the most steps any rank ran; ``syncs``: collective rounds rank 0 joined (BSP: one per
+    step; RNA: its partial-allreduce rounds; SelSync and local SGD: their synchronizations)."""
     bsp = next((s for s in summaries if s.get("protocol") == "bsp"), None)
-    headers = ["protocol", "scenario", "ranks", "steps", "wall s", "time to target s", "speed-up vs BSP",
+    headers = ["protocol", "scenario", "ranks", "steps", "syncs", "wall s", "time to target s", "speed-up vs BSP",
                "final acc", "samples/s", "weights in sync", "overrun steps"]
     rows = []
     for s in summaries:
@@ -60,6 +63,7 @@ def comparison_rows(summaries):
         if bsp is not None and ttt and bsp.get("time_to_target_s"):
             speedup = bsp["time_to_target_s"] / ttt
         rows.append([s.get("protocol"), s.get("scenario"), s.get("world_size"), s.get("steps"),
+                     (s.get("stats") or {}).get("syncs", "-"),
                      _fmt(s.get("wall_s"), ".1f"), _fmt(ttt, ".1f"), _fmt(speedup, ".2f") + ("x" if speedup else ""),
                      _fmt(s.get("final_test_accuracy"), ".4f"), _fmt(s.get("samples_per_s"), ".0f"),
                      s.get("weights_in_sync"), _overruns(s)])

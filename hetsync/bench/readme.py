@@ -36,15 +36,22 @@ def results_section(results, image_rel, micro=None):
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['os']}, Python {m['python']}; "
         f"{versions}. Load average at start: {load} (a shared machine: read ratios, not absolute times).",
         "",
-        f"Setup: {p['np']} ranks (`horovodrun --mpi`), model `{p['model']}`, batch {p['batch_size']} per rank, "
-        f"SGD lr {p['lr']}, epochs {p['epochs']}, target accuracy {p['target']}, seeds per scenario "
-        f"{p.get('cell_seeds', p['seeds'])}. "
+        f"Setup: `horovodrun --mpi`, model `{p['model']}`, batch {p['batch_size']} per rank, "
+        f"SGD lr {p['lr']}, epochs {p['epochs']} (cells may set their own), target accuracy {p['target']}, "
+        f"seeds per cell {p.get('cell_seeds', p['seeds'])}"
+        + (f", about {p['evals']} test evaluations per run" if p.get("evals") else "") + ". "
+        "Scenarios with `device:40` run on the **emulated cluster** (see \"The emulated cluster\" above: every "
+        "step lasts its device time, 40 ms per 32-sample step times the scenario's factor, real math inside); "
+        "rows marked \"real CPU\" run on this machine's cores, 2 ranks so that each has a core of its own. "
         "Each figure is the median over seeds, min-max in brackets. Time to target counts from the end of the "
         "first (compiling) step. Speeds are steady-state (after the first epoch). Ratios are against BSP from "
-        "the same seed and scenario. E = measured samples/s / sum of each rank's samples/s alone under the same "
-        "scenario (solo runs started together, without `netdelay`); E = 1 is the physical limit when every "
-        "rank has its own cores. Where ranks share cores, as here, E can exceed 1: a rank sleeping in the "
-        "delay op, or finished, leaves its CPU share to the others. \"E (BSP expected)\" = n min(v) / sum(v).",
+        "the same seed and cell; \"step ms / BSP's\" is the time per step against BSP's. "
+        "E = measured samples/s / sum of each rank's samples/s alone under the same scenario (solo runs "
+        "started together, without `netdelay`); \"E analytic\" divides by the emulated devices' speeds "
+        "instead, b / (E[K] x 40 ms) per rank. E = 1 is the physical limit; an emulated run above 1.05 is "
+        "marked `!`. \"E (BSP expected)\" = n min(v) / sum(v) (analytic on the emulated cluster). "
+        "\"overrun steps\": the share of steps whose real compute exceeded their emulated time (median over "
+        "seeds; `!` where a run had more than 1%, the emulation does not hold for it).",
         "",
         table.markdown_table(results),
         "",
