@@ -53,8 +53,13 @@ def results_section(results, image_rel, micro=None):
         "\"overrun steps\": the share of steps whose real compute exceeded their emulated time (median over "
         "seeds; `!` where a run had more than 1%, the emulation does not hold for it).",
         "",
-        table.markdown_table(results),
-        "",
+    ]
+    emulated, real = table.markdown_table(results, emulated=True), table.markdown_table(results, emulated=False)
+    if emulated:
+        lines += ["**On the emulated cluster** (`device:40`):", "", emulated, ""]
+    if real:
+        lines += ["**On the real CPU** (2 ranks, each with a core of its own; no emulated device):", "", real, ""]
+    lines += [
         f"![test accuracy vs wall-clock]({image_rel})",
         "",
     ]

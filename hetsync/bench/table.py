@@ -17,14 +17,25 @@ def _cell(stat, spec, suffix=""):
     return med
 
 
-def markdown_table(results):
+def markdown_table(results, emulated=None):
     """Return the GitHub-Markdown table (str) of ``results["aggregate"]``.
 
     Every figure is the median over seeds with the min-max spread in brackets; ratios are against
     BSP from the same seed and scenario; "reached" counts runs that reached the target accuracy.
+
+    Args:
+        results: dict from :func:`hetsync.bench.matrix.run_matrix`.
+        emulated: None (every row), True (only cells on the emulated device) or False (only
+            real-CPU cells).
+
+    Returns:
+        str, or "" if no row is selected.
     """
     rows = []
-    for a in results["aggregate"]:
+    selected = [a for a in results["aggregate"] if emulated is None or bool(a.get("emulated")) == emulated]
+    if not selected:
+        return ""
+    for a in selected:
         reached = f"{a['reached_target']}/{a['runs']}" + (f" ({a['failed']} failed)" if a["failed"] else "")
         cell = a["cell"].split(":", 1)[1] if a["cell"].startswith("np") else a["cell"]
         ranks = str(a.get("np") or results.get("preset", {}).get("np", "-")) + ("" if a.get("emulated") else " (real CPU)")
@@ -41,13 +52,13 @@ def markdown_table(results):
                      _cell(bsp_e or a["bsp_expected_efficiency"], ".2f"), overrun, reached])
     text = tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True)
     notes = []
-    if any(a.get("not_concurrent") for a in results["aggregate"]):
+    if any(a.get("not_concurrent") for a in selected):
         notes.append("\\* in some seeds the ranks never trained at the same time (e.g. one finished before "
                      "another left its warm-up); their speeds count idle time over the whole span, a lower bound.")
-    if any(a.get("e_flagged") for a in results["aggregate"]):
+    if any(a.get("e_flagged") for a in selected):
         notes.append("E ! : an emulated run with E above 1.05, which no real cluster can reach; its figures are "
                      "suspect.")
-    if any(a.get("overrun_invalid") for a in results["aggregate"]):
+    if any(a.get("overrun_invalid") for a in selected):
         notes.append("overrun ! : more than 1% of a run's steps computed longer than their emulated device "
                      "time, so the emulation does not hold for that run.")
     return text + "".join("\n\n" + n for n in notes)
