@@ -100,9 +100,15 @@ def test_emulated_run_gets_analytic_e_and_flags(tmp_path):
     path.write_text(json.dumps(s))
     assert efficiency.analytic_solo("device:10+deterministic:1:2", 2, 32) == pytest.approx([3200.0, 1600.0])
     assert efficiency.analytic_solo("deterministic:1:2", 2, 32) is None  # real CPU: measured only
+    # BSP steps at the slowest rank's pace: n min(v) / sum(v) for fixed speeds; for random:6 on 4 ranks
+    # E[K] = 2.25 per rank against E[max] = 6 - 5 (3/4)^4 = 4.418 per step
+    assert efficiency.bsp_expected_efficiency_emulated("device:10+deterministic:1:2", 2, 32) == pytest.approx(2 / 3)
+    assert efficiency.bsp_expected_efficiency_emulated("device:40+random:6", 4, 32) == pytest.approx(
+        2.25 / (6 - 5 * 0.75 ** 4), rel=0.02)
+    assert efficiency.bsp_expected_efficiency_emulated("random:6", 4, 32) is None
     fig = matrix.analyse_run(str(tmp_path / "run"), {"samples_per_s": [3200.0, 1600.0], "bsp_expected_e": 2 / 3})
     assert fig["efficiency_analytic"] == pytest.approx(1.0)  # each rank at its device's pace
-    assert fig["bsp_expected_efficiency_analytic"] == pytest.approx(2 * 1600 / 4800)
+    assert fig["bsp_expected_efficiency_analytic"] == pytest.approx(2 * 1600 / 4800)  # n min(v) / sum(v)
     assert fig["emulated"] and fig["overrun_fraction"] == pytest.approx(1 / 80) and fig["emulation_valid"] is False
     assert fig["step_ms"] == pytest.approx(1e3 / 75.0)
     assert not fig["e_flagged"]
@@ -275,8 +281,8 @@ def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
         assert 0 < r["efficiency_analytic"] <= 1.05, (r["protocol"], r["efficiency_analytic"])
         assert not r["e_flagged"]
         assert 0 < r["bsp_expected_efficiency"] <= 1.0
-        # random:3 slows every rank alike on average: BSP's expected E from analytic solo speeds is 1
-        assert r["bsp_expected_efficiency_analytic"] == pytest.approx(1.0)
+        # random:3 on 2 ranks: BSP waits for the slower of two draws, E[K] / E[max K] = 2 / 2.5
+        assert r["bsp_expected_efficiency_analytic"] == pytest.approx(2.0 / 2.5, rel=0.03)
         assert 0 <= r["final_test_accuracy"] <= 1
         assert all(0 <= p["accuracy"] <= 1 for p in r["accuracy_curve"])
         assert r["steps_per_s"] > 0 and r["samples_per_s"] > 0 and len(r["per_rank_samples_per_s"]) == 2

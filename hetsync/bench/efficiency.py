@@ -26,7 +26,7 @@ import time
 from .. import slowdown as _slowdown
 
 __all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec",
-           "analytic_solo", "measure_solo", "SoloError", "read_jsonl"]
+           "analytic_solo", "bsp_expected_efficiency_emulated", "measure_solo", "SoloError", "read_jsonl"]
 
 
 class SoloError(RuntimeError):
@@ -249,6 +249,39 @@ def analytic_solo(spec, world_size, batch_size):
     if scenario.device_ms is None:
         return None
     return [batch_size * 1e3 / scenario.expected_step_ms(r, world_size) for r in range(world_size)]
+
+
+def bsp_expected_efficiency_emulated(spec, world_size, batch_size, steps=20000, seed=0):
+    """BSP's expected E on the emulated device, for any scenario (random ones included).
+
+    Every BSP step lasts as long as the slowest rank's emulated step, max_i T_i with
+    T_i = K_i x MS + extra_i drawn from the scenario, so the job does n b / E[max_i T_i] samples
+    per second against sum_i b / E[T_i] for the ranks alone:
+    E_BSP = n / (E[max_i T_i] x sum_i 1 / E[T_i]). For fixed speeds this is
+    :func:`bsp_expected_efficiency`, n min(v) / sum(v); for ``random:K`` it is far lower (each step
+    waits for whichever rank is slowed). E[max] is estimated from ``steps`` seeded draws per rank.
+
+    Args:
+        spec: str slowdown spec with a ``device:MS`` part. world_size: int n. batch_size: int b.
+        steps: int > 0 draws. seed: int.
+
+    Returns:
+        float in (0, 1], or None if ``spec`` has no ``device`` part.
+
+    Raises:
+        ValueError: a bad spec, or one that does not fit ``world_size``.
+    """
+    scenario = _slowdown.parse_spec(spec)
+    scenario.validate(world_size)
+    if scenario.device_ms is None:
+        return None
+    ms = scenario.device_ms
+    draws = [[scenario.draw(rng, r, world_size) for _ in range(steps)]
+             for r, rng in ((r, scenario.rng(seed, r)) for r in range(world_size))]
+    per_step_max = [max(k * ms + e for k, e in (draws[r][t] for r in range(world_size))) for t in range(steps)]
+    mean_max = sum(per_step_max) / steps
+    del batch_size  # b cancels: every step of every rank holds b samples
+    return world_size / (mean_max * sum(1.0 / scenario.expected_step_ms(r, world_size) for r in range(world_size)))
 
 
 def solo_spec(spec):

@@ -313,7 +313,8 @@ def analyse_run(run_dir, solo):
         "efficiency": e_measured,
         "efficiency_analytic": e_analytic,
         "bsp_expected_efficiency": solo.get("bsp_expected_e"),
-        "bsp_expected_efficiency_analytic": efficiency.bsp_expected_efficiency(analytic) if analytic else None,
+        "bsp_expected_efficiency_analytic": (efficiency.bsp_expected_efficiency_emulated(
+            s["scenario"], s["world_size"], s["batch_size"], steps=4000) if analytic else None),
         "step_ms": 1e3 / rates["steps_per_s"],
         "emulated": emulated,
         "overrun_steps": s.get("overrun_steps", 0), "emulated_steps": s.get("emulated_steps", 0),
