@@ -49,7 +49,9 @@ def results_section(results, image_rel, micro=None):
         "E = measured samples/s / sum of each rank's samples/s alone under the same scenario (solo runs "
         "started together, without `netdelay`); \"E analytic\" divides by the emulated devices' speeds "
         "instead, b / (E[K] x 40 ms) per rank. E = 1 is the physical limit; an emulated run above 1.05 is "
-        "marked `!`. \"E (BSP expected)\" = n min(v) / sum(v) (analytic on the emulated cluster). "
+        "marked `!`. \"E (BSP expected)\" = n min(v) / sum(v) on the real CPU; on the emulated cluster BSP's "
+        "analytic E, n / (E[max_i T_i] sum_i 1 / E[T_i]) with T_i a rank's emulated step time (each BSP step "
+        "waits for the slowest draw; n min(v) / sum(v) for fixed speeds). "
         "\"overrun steps\": the share of steps whose real compute exceeded their emulated time (median over "
         "seeds; `!` where a run had more than 1%, the emulation does not hold for it).",
         "",
