@@ -8,6 +8,8 @@ shared, so read the ratios, and use ``--repeats`` for the timing suite.
     .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset mnist-idx --data-dir ../shared/data/mnist-t10k \
         --epochs 5 --seeds 0 1 2
     .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --epochs 30 --repeats 4 --eval-every 5
+    .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --device 10 --epochs 30 --seeds 0 1 2 \
+        --eval-every 5   # the emulated cluster: 10 ms devices, 50 ms network latency
     .venv/bin/python examples/benchmarks/selsync_bench.py noniid --np 10 --epochs 30
 
 (the README's figures).
@@ -15,7 +17,9 @@ shared, so read the ratios, and use ``--repeats`` for the timing suite.
 Suites:
   iid       BSP and SelSync delta in {0.1, 0.3, 0.5}: LSSR, final accuracy (target: LSSR >= 0.7 and
             accuracy >= BSP - 0.5 points).
-  netdelay  BSP and SelSync delta=0.3 under ``netdelay:MS``: time to target accuracy (target: >= 2x).
+  netdelay  BSP and SelSync delta=0.3 under ``netdelay:MS`` (``--device MS``: on the emulated cluster, where
+            a step lasts MS ms, so at most (MS + 50) / MS faster than BSP): time to target accuracy,
+            one run pair per ``--seeds`` value (or ``--repeats`` of ``--seed``).
   noniid    label-skew:1 (one label per rank): SelSync with injection (0.5, 0.5, delta) vs FedAvg
             (C=1, one aggregation per epoch): final accuracy (target: injection beats FedAvg).
 """
@@ -94,16 +98,18 @@ def _time_to(summary, target):
 
 
 def netdelay(args):
-    extra = _common(args) + ["--slowdown", f"netdelay:{args.netdelay_ms:g}"]
+    spec = f"netdelay:{args.netdelay_ms:g}" if not args.device else f"device:{args.device:g}+netdelay:{args.netdelay_ms:g}"
     rows, ratios, pairs = [], [], []
-    for rep in range(args.repeats):
+    seeds = args.seeds if len(args.seeds) > 1 else [args.seed] * args.repeats
+    for rep, seed in enumerate(seeds):
+        extra = _common(args, seed) + ["--slowdown", spec]
         bsp = run(f"bsp_r{rep}", args.out, args.np, "bsp", [], extra)
         sel = run(f"selsync_r{rep}", args.out, args.np, "selsync", [f"delta={args.delta}"], extra)
         tb, ts = bsp["time_to_target_s"], sel["time_to_target_s"]
         ratio = tb / ts if tb and ts else None
         ratios.append(ratio)
         pairs.append((bsp, sel))
-        rows.append([rep, f"{bsp['wall_s']:.1f}", "-" if tb is None else f"{tb:.1f}",
+        rows.append([f"{rep} (seed {seed})", f"{bsp['wall_s']:.1f}", "-" if tb is None else f"{tb:.1f}",
                      f"{bsp['final_test_accuracy']:.4f}",
                      f"{sel['wall_s']:.1f}", "-" if ts is None else f"{ts:.1f}", f"{sel['final_test_accuracy']:.4f}",
                      f"{sel['stats']['lssr']:.3f}", "-" if ratio is None else f"{ratio:.2f}x"])
@@ -156,6 +162,8 @@ def main(argv=None):
     p.add_argument("--delta", type=float, default=0.3)
     p.add_argument("--aggregation", default="parameter", choices=("parameter", "gradient"))
     p.add_argument("--netdelay-ms", type=float, default=50.0)
+    p.add_argument("--device", type=float, default=0.0, metavar="MS",
+                   help="netdelay suite: run on the emulated device (device:MS ms per step; 0: real CPU)")
     p.add_argument("--also-targets", type=float, nargs="*", default=[0.93],
                    help="netdelay suite: also report time-to-accuracy ratios for these targets (same runs)")
     p.add_argument("--repeats", type=int, default=1)

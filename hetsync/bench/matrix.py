@@ -323,7 +323,16 @@ def analyse_run(run_dir, solo):
         "e_flagged": bool(emulated and any(e is not None and e > E_FLAG for e in (e_measured, e_analytic))),
         "steps": s.get("steps"), "wall_s": s.get("wall_s"), "weights_in_sync": s.get("weights_in_sync"),
         "target_accuracy": target, "accuracy_curve": curve, "stats": s.get("stats", {}),
+        "protocol_label": protocol_label(s.get("protocol"), s.get("protocol_config") or {}),
     }
+
+
+def protocol_label(name, config):
+    """The protocol's name as the tables show it: task allocation with its mode (``taskalloc (static)``,
+    whose default is an equal static allocation, is not the self-adaptive one); others unchanged."""
+    if name == "taskalloc" and config.get("mode"):
+        return f"taskalloc ({config['mode']})"
+    return name
 
 
 def add_ratios(runs):
@@ -374,6 +383,7 @@ def aggregate(runs):
     for (cell, proto), rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]
         row = {"cell": cell, "dataset": rs[0]["dataset"], "scenario": rs[0]["scenario"], "protocol": proto,
+               "label": next((r["protocol_label"] for r in rs if r.get("protocol_label")), proto),
                "runs": len(rs), "failed": len(rs) - len(ok),
                "reached_target": sum(1 for r in ok if r["time_to_target_s"] is not None),
                "not_concurrent": sum(1 for r in ok if r.get("rates_concurrent") is False),

@@ -42,7 +42,7 @@ def markdown_table(results, emulated=None):
         overrun = "-" if not a.get("emulated") else (
             _cell(_percent(a.get("overrun_fraction")), ".1f", "%") + (" !" if a.get("overrun_invalid") else ""))
         bsp_e = a.get("bsp_expected_efficiency_analytic") if a.get("emulated") else None
-        rows.append([ranks, cell, a["protocol"], _cell(a["time_to_target_s"], ".2f"),
+        rows.append([ranks, cell, a.get("label", a["protocol"]), _cell(a["time_to_target_s"], ".2f"),
                      _cell(a["speedup_time_to_target"], ".2f", "x"), _cell(a["final_test_accuracy"], ".3f"),
                      _cell(a["accuracy_delta"], "+.3f"), _cell(a.get("step_ms_ratio"), ".2f", "x"),
                      _cell(a["samples_per_s"], ".0f"),
