@@ -33,6 +33,8 @@ def markdown_table(results, emulated=None):
     """
     rows = []
     selected = [a for a in results["aggregate"] if emulated is None or bool(a.get("emulated")) == emulated]
+    cells = list(dict.fromkeys(a["cell"] for a in selected))  # cells in run order, BSP first within each
+    selected.sort(key=lambda a: (cells.index(a["cell"]), a["protocol"] != "bsp", a["protocol"]))
     if not selected:
         return ""
     for a in selected:
