@@ -106,7 +106,10 @@ def delay(tensors, control, name=None):
             ``extra_ms`` < 0 or ``device_ms`` < 0 (raised when the op runs).
     """
     lib = load_library()
-    outputs, delay_ms, compute_ms = lib.hetsync_delay(list(tensors), tf.cast(control, tf.float64), name=name)
+    # A Python list becomes float64 directly: as float32, a wall-clock step_start_s (about 1.8e9 s) would be
+    # rounded to a multiple of 128 s, possibly into the future (compute time 0). Tensors of another dtype are cast.
+    control = tf.cast(tf.convert_to_tensor(control, dtype_hint=tf.float64), tf.float64)
+    outputs, delay_ms, compute_ms = lib.hetsync_delay(list(tensors), control, name=name)
     return list(outputs), delay_ms, compute_ms
 
 
