@@ -65,6 +65,9 @@ def test_slowdown_callback_scales_device_time_by_the_step_samples():
 
 @pytest.mark.parametrize("factor", [1.0, 6.0])
 def test_delay_op_pads_the_step_to_factor_times_device_time(factor):
+    """The step lasts K x MS + extra from its start to the op's output, within 5%. Scheduling noise on a
+    loaded machine only adds time, so the shortest of five calls measures the op's padding; none may
+    end early (the op never shortens a step)."""
     @tf.function
     def step(x, control):
         (y,), delay_ms, compute_ms = ops.delay([tf.reduce_sum(tf.matmul(x, x))], control)
@@ -72,7 +75,7 @@ def test_delay_op_pads_the_step_to_factor_times_device_time(factor):
 
     x = tf.random.normal([64, 64])
     step(x, tf.constant([0.0, 1.0, 0.0, 0.0], tf.float64))  # trace
-    device_ms, extra_ms = 25.0, 5.0
+    device_ms, extra_ms = 50.0, 5.0
     target = factor * device_ms + extra_ms
     elapsed = []
     for _ in range(5):
@@ -80,7 +83,8 @@ def test_delay_op_pads_the_step_to_factor_times_device_time(factor):
         _, delay_ms, compute_ms = step(x, tf.constant([start, factor, extra_ms, device_ms], tf.float64))
         elapsed.append((time.time() - start) * 1e3)
         assert float(delay_ms) == pytest.approx(target - float(compute_ms), abs=1e-6)
-    assert statistics.median(elapsed) == pytest.approx(target, rel=0.05)
+    assert min(elapsed) >= target - 0.5, elapsed
+    assert min(elapsed) == pytest.approx(target, rel=0.05), elapsed
 
 
 def test_delay_op_never_shortens_an_overrun_step():
