@@ -226,6 +226,13 @@ def bsp_expected_efficiency(solo_samples_per_s):
     return len(solo) * min(solo) / sum(solo)
 
 
+def _emulated(spec, world_size):
+    """The parsed, validated scenario if it has a ``device:MS`` part, else None (raises ValueError)."""
+    scenario = _slowdown.parse_spec(spec)
+    scenario.validate(world_size)
+    return scenario if scenario.device_ms is not None else None
+
+
 def analytic_solo(spec, world_size, batch_size):
     """Analytic solo speeds v_i of an emulated run: samples per second of each rank's expected step.
 
@@ -244,9 +251,8 @@ def analytic_solo(spec, world_size, batch_size):
     Raises:
         ValueError: a bad spec, or one that does not fit ``world_size``.
     """
-    scenario = _slowdown.parse_spec(spec)
-    scenario.validate(world_size)
-    if scenario.device_ms is None:
+    scenario = _emulated(spec, world_size)
+    if scenario is None:
         return None
     return [batch_size * 1e3 / scenario.expected_step_ms(r, world_size) for r in range(world_size)]
 
@@ -271,9 +277,8 @@ def bsp_expected_efficiency_emulated(spec, world_size, batch_size, steps=20000, 
     Raises:
         ValueError: a bad spec, or one that does not fit ``world_size``.
     """
-    scenario = _slowdown.parse_spec(spec)
-    scenario.validate(world_size)
-    if scenario.device_ms is None:
+    scenario = _emulated(spec, world_size)
+    if scenario is None:
         return None
     ms = scenario.device_ms
     draws = [[scenario.draw(rng, r, world_size) for _ in range(steps)]
