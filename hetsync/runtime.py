@@ -147,7 +147,13 @@ def require_mpi(what):
 
 
 def shutdown():
-    """Shut horovod down (optional; it also shuts down at exit)."""
+    """Shut the point-to-point dispatcher (counting what is in flight) and horovod down.
+
+    Optional: both also shut down at exit.
+    """
     if _state["mode"] is not None:
+        from . import transport
+
+        transport.shutdown()
         _hvd().shutdown()
         _state["mode"] = None
