@@ -1,4 +1,6 @@
 """RNA in one process: argument checks, the compute step (ReadOp result, lr scaling, parameter correction), a full fit."""
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -15,16 +17,19 @@ def init():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"probes": 0}, "probes must be an int >= 1, got 0"),
+    ({"probes": 0}, "RNA: probes must be an integer >= 1 (ranks probed per round), got 0"),
     ({"probes": 3}, "probes=3 exceeds the world size 1"),
-    ({"max_staleness": -1}, "max_staleness must be an int >= 0, got -1"),
-    ({"average_every": 1.5}, "average_every must be an int >= 0, got 1.5"),
-    ({"scale_lr": "yes"}, "scale_lr must be True or False, got 'yes'"),
-    ({"timeout_s": 0}, "timeout_s must be a positive number"),
-    ({"finish_timeout_s": -3}, "finish_timeout_s must be a positive number"),
+    ({"max_staleness": -1}, "RNA: max_staleness must be an integer >= 0 (local iterations), got -1"),
+    ({"average_every": 1.5}, "RNA: average_every must be an integer >= 0 (rounds), got 1.5"),
+    ({"drift_every": -1}, "RNA: drift_every must be None (average_every, or 20 without averaging) or an integer "
+                          ">= 0 (rounds), got -1"),
+    ({"scale_lr": "yes"}, "RNA: scale_lr must be True or False, got 'yes'"),
+    ({"timeout_s": 0}, "RNA: timeout_s must be a number > 0 (seconds), got 0"),
+    ({"finish_timeout_s": -3}, "RNA: finish_timeout_s must be a number > 0 (seconds), got -3"),
+    ({"poll_ms": float("nan")}, "RNA: poll_ms must be a number > 0 (milliseconds), got nan"),
 ])
 def test_bad_arguments_fail_at_wrap_time(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         hetsync.RNA(keras.optimizers.SGD(0.1), **kwargs)
 
 

@@ -95,10 +95,9 @@ cbs = [hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(op
 cbs.append(Stall())
 model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
 wall = time.time() - t0
-comm = hetsync.transport.p2p_comm()
-mine = {"rank": rank, "c": c, "steps_run": int(proto._done_steps), "log": observer.log, "wall_s": wall,
+mine = {"rank": rank, "c": c, "steps_run": int(proto.done_steps), "log": observer.log, "wall_s": wall,
         "w_final": float(model.get_weights()[0].ravel()[0])}
-everything = comm.gather(mine, root=0)
+everything = hetsync.transport.allgather_object(mine, name="rna_check")
 if rank == 0:
     with open(out_path, "w") as f:
         json.dump({"ranks": everything, "stats": proto.summary_stats(), "n": n}, f)
