@@ -189,7 +189,8 @@ class RNAProtocol(Protocol):
 
         Order, the same on every rank: the thread is joined (at most finish_timeout_s + timeout_s +
         10 seconds; a thread still alive is this rank's error); the two control channels are
-        drained (late messages counted); every rank's statistics and error are gathered
+        drained (late messages counted; the other ranks' end markers are awaited 10 s longer than
+        that join); every rank's statistics and error are gathered
         (:func:`hetsync.transport.allgather_object`); if any rank failed, every rank raises the
         same :class:`RNAError`; else, with ``average_at_end``, the parameters are averaged. The
         thread switch interval is restored.
@@ -212,9 +213,9 @@ class RNAProtocol(Protocol):
         if self._ctl is not None:
             self._round = self._ctl.round
         late = {}
-        for channel in (CONTROL, TO_CONTROLLER):
+        for channel in (CONTROL, TO_CONTROLLER):  # every rank drains once its own join is over
             try:
-                late[channel] = self._p2p.drain(channel, timeout_s=self.cfg.timeout_s)
+                late[channel] = self._p2p.drain(channel, timeout_s=budget + 10.0)
             except transport.TransportTimeout as exc:
                 late[channel] = None
                 self._error = self._error or f"rank {self._rank}: {exc}"
