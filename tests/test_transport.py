@@ -100,6 +100,32 @@ def test_shutdown_counts_unread_messages_joins_the_thread_and_refuses_later_use(
     transport.shutdown()
 
 
+def test_a_send_that_never_completes_times_out_and_is_counted_at_shutdown():
+    d = transport.dispatcher()
+
+    class Stuck:  # an MPI request whose receiver never matches it
+        cancelled = False
+
+        def Test(self):
+            return False
+
+        def Cancel(self):
+            Stuck.cancelled = True
+
+    from hetsync.transport.p2p import _Send
+
+    with d._cv:
+        d._sends.append(_Send(Stuck(), 0, "hop.update", 12, False))
+    with pytest.raises(transport.TransportTimeout, match="rank 0: 1 send\\(s\\) of channel 'hop.update' not completed "
+                                                         "within 0.1 s \\(to rank 0 on channel 'hop.update'\\)") as exc:
+        d.flush(0.1, channel="hop.update")
+    assert exc.value.pending == [(0, "hop.update", 12)]
+    d.flush(0.1, channel="other")  # other channels are not held up
+    report = transport.shutdown(timeout_s=0.1)
+    assert report["undelivered_sends"] == 1 and Stuck.cancelled
+    assert report["channels"]["hop.update"]["undelivered"] == 1
+
+
 class _Poison:
     def __reduce__(self):
         return (_explode, ())
