@@ -149,7 +149,7 @@ class Dispatcher:
                     self._receive_available(status)  # last sweep: what arrived is queued and counted
                     return
                 if not got:
-                    self._stop.wait(self.poll_s)
+                    time.sleep(self.poll_s)  # cheaper than Event.wait; shutdown waits at most poll_s
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter and caller
             with self._cv:
                 self._error = f"rank {self.rank}: the point-to-point receive thread failed: {exc!r}"
@@ -172,6 +172,8 @@ class Dispatcher:
             got += 1
 
     def _reap_sends(self):
+        if not self._sends:  # unlocked peek: a send appended meanwhile is reaped next time
+            return
         with self._cv:
             if not self._sends:
                 return
