@@ -348,7 +348,7 @@ class InjectionDataset(BatchDataset):
                     self.sent_samples += s
                     self.sent_bytes += nbytes
                     self.sent_messages += 1
-        for src in chosen:
+        for src in (int(c) for c in chosen):
             if s == 0:
                 break
             if src == self.rank:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import hetsync
@@ -42,6 +43,8 @@ def test_messages_to_oneself_by_channel_source_and_tag(p2p):
     assert p2p.recv("a", tag=2, timeout_s=5).obj == "t2"  # selected by tag, the other stays queued
     assert p2p.wait("a", 5.0) and p2p.poll("a").obj == "t1" and p2p.poll("a") is None
     assert not p2p.wait(["a", "b"], 0.05)
+    p2p.send(np.int64(0), "np", "numpy ranks are ranks")
+    assert p2p.recv("np", source=np.int64(0), timeout_s=5).source == 0
     p2p.send(0, "c", 1, timeout_s=5.0)  # waits for completion
     p2p.flush(5.0)
     assert p2p.pending_sends() == 0

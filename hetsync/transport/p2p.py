@@ -31,6 +31,7 @@ Every message sent, received, read, discarded or left undelivered is counted per
 import atexit
 import collections
 import logging
+import numbers
 import threading
 import time
 
@@ -190,8 +191,9 @@ class Dispatcher:
             raise TransportError(f"rank {self.rank}: the point-to-point dispatcher was shut down")
 
     def _check_peer(self, peer, what):
-        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.size:
+        if isinstance(peer, bool) or not isinstance(peer, numbers.Integral) or not 0 <= peer < self.size:
             raise ValueError(f"{what} must be a rank in [0, {self.size}), got {peer!r}")
+        return int(peer)
 
     @staticmethod
     def _check_channel(channel):
@@ -221,7 +223,7 @@ class Dispatcher:
                 the peer and channel).
             TransportError: the dispatcher failed or was shut down.
         """
-        self._check_peer(dest, "send: dest")
+        dest = self._check_peer(dest, "send: dest")
         self._check_channel(channel)
         if timeout_s is not None:
             self._check_timeout(timeout_s)
@@ -310,7 +312,7 @@ class Dispatcher:
         """
         self._check_channel(channel)
         if source is not None:
-            self._check_peer(source, "recv: source")
+            source = self._check_peer(source, "recv: source")
         self._check_timeout(timeout_s)
         deadline = time.monotonic() + timeout_s
         with self._cv:
@@ -377,9 +379,7 @@ class Dispatcher:
         """
         self._check_channel(channel)
         self._check_timeout(timeout_s)
-        peers = list(range(self.size)) if peers is None else sorted(set(peers))
-        for p in peers:
-            self._check_peer(p, "drain: peer")
+        peers = list(range(self.size)) if peers is None else sorted({self._check_peer(p, "drain: peer") for p in peers})
         for p in peers:
             self.send(p, channel, _END)
         deadline = time.monotonic() + timeout_s
