@@ -104,7 +104,8 @@ def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_
     assert steps == 20 * stats["rounds_per_epoch"]
     n_train = 1437
     assert sum(r["samples"] for r in ta["per_rank"]) == 20 * n_train  # every sample once per epoch
-    assert [h["w"] for h in stats["epochs"]][0] == [8, 8] and stats["final_w"][1] < 8  # the slow rank lost work
+    # C = n b = 64 single samples, equal shares first; then the 2x slower rank 1 loses work
+    assert [h["w"] for h in stats["epochs"]][0] == [32, 32] and stats["final_w"][1] < 32
     recs = read_jsonl(tmp_path / "ta" / "rank1.jsonl")
     assert len(recs) == steps and {"w", "samples", "round_samples", "sync_wait_ms"} <= set(recs[0])
     assert all(r["round_samples"] in (64.0, float(n_train - 64 * (stats["rounds_per_epoch"] - 1))) for r in recs)
