@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import runtime, slowdown, transport
-from .protocols.base import protocol_of
+from .protocols.wrapper import protocol_of
 
 __all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "standard"]
 
@@ -289,7 +289,7 @@ class SyncMetrics(keras.callbacks.Callback):
         TypeError: the optimizer is not hetsync-wrapped (at ``on_train_begin``).
     """
 
-    #: per-rank totals gathered at the end, in this order.
+    #: per-rank totals gathered at the end (one dict per rank, :func:`hetsync.transport.allgather_object`).
     TOTALS = ("steps", "samples", "wall_s", "step_ms_mean", "delay_ms_total", "compute_ms_total", "sync_wait_ms_total",
               "emulated_steps", "overrun_steps")
 
@@ -352,9 +352,8 @@ class SyncMetrics(keras.callbacks.Callback):
         t = self._totals
         t["wall_s"] = time.time() - self._t0
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
-        mine = tf.constant([[t[k] for k in self.TOTALS]], tf.float64)
-        gathered = transport.allgather(mine, name="hetsync_metrics_totals").numpy()
-        self.per_rank = [dict(zip(self.TOTALS, map(float, row)), rank=r) for r, row in enumerate(gathered)]
+        gathered = transport.allgather_object({k: float(t[k]) for k in self.TOTALS}, name="hetsync_metrics_totals")
+        self.per_rank = [dict(row, rank=r) for r, row in enumerate(gathered)]
         for row in self.per_rank:
             for k in ("steps", "samples", "emulated_steps", "overrun_steps"):
                 row[k] = int(row[k])

@@ -121,8 +121,10 @@ def delay(tensors, control, name=None):
 # is the largest iteration gap among the accumulated gradients (t_min the oldest pending one). The
 # locally reduced gradient is g' = sum_t [t - (k - tau) + 1] g_t / sum_t [t - (k - tau) + 1], i.e. the
 # oldest pending gradient has weight 1 and the newest weight tau + 1. A write of iteration k drops every
-# pending t with k - t > max_staleness (so tau <= max_staleness). All cache ops run on /CPU:0: the cache
-# is host memory (on a GPU machine TensorFlow copies gradients to and from the host; untested here).
+# pending t with k - t > max_staleness (so tau <= max_staleness). The cache is host memory. The ops are not
+# pinned to a device: every cache op also has a GPU kernel whose arguments all live in host memory, so a
+# step placed on a GPU runs them there and TensorFlow copies a GPU gradient into the host-side cache (and
+# the result back) itself (registration tested; no GPU run was possible here).
 
 __all__ += ["GRAD_CACHE_COUNTERS", "grad_cache_create", "grad_cache_write", "grad_cache_read", "grad_cache_take",
             "grad_cache_publish", "grad_cache_wait", "grad_cache_status", "grad_cache_destroy"]
@@ -158,7 +160,7 @@ def grad_cache_create(shapes, max_staleness):
     if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
         raise ValueError(f"grad_cache_create: max_staleness must be an int >= 0, got {max_staleness!r}")
     lib = load_library()
-    with tf.init_scope(), tf.device("/CPU:0"):
+    with tf.init_scope():
         return lib.hetsync_grad_cache_create(shapes=shapes, max_staleness=max_staleness)
 
 
@@ -193,8 +195,7 @@ def grad_cache_write(cache, grads, iteration):
     """
     lib = load_library()
     grads = _float32_list(grads, "grads")
-    with tf.device("/CPU:0"):
-        return lib.hetsync_grad_cache_write(cache, grads, tf.cast(iteration, tf.int64))
+    return lib.hetsync_grad_cache_write(cache, grads, tf.cast(iteration, tf.int64))
 
 
 def grad_cache_read(cache, local_grads, iteration):
@@ -217,9 +218,8 @@ def grad_cache_read(cache, local_grads, iteration):
     """
     lib = load_library()
     local_grads = _float32_list(local_grads, "local_grads")
-    with tf.device("/CPU:0"):
-        outs, fresh, round_id, weight_sum = lib.hetsync_grad_cache_read(cache, local_grads,
-                                                                         tf.cast(iteration, tf.int64))
+    outs, fresh, round_id, weight_sum = lib.hetsync_grad_cache_read(cache, local_grads,
+                                                                     tf.cast(iteration, tf.int64))
     return list(outs), fresh, round_id, weight_sum
 
 
@@ -237,8 +237,7 @@ def grad_cache_take(cache):
         t - (k - tau) + 1 (see the notes above).
     """
     lib = load_library()
-    with tf.device("/CPU:0"):
-        return lib.hetsync_grad_cache_take(cache)
+    return lib.hetsync_grad_cache_take(cache)
 
 
 def grad_cache_publish(cache, reduced, round_id):
@@ -253,8 +252,7 @@ def grad_cache_publish(cache, reduced, round_id):
         tf.errors.InvalidArgumentError: wrong length, sum of weights <= 0, or non-increasing round id.
     """
     lib = load_library()
-    with tf.device("/CPU:0"):
-        lib.hetsync_grad_cache_publish(cache, tf.cast(reduced, tf.float32), tf.cast(round_id, tf.int64))
+    lib.hetsync_grad_cache_publish(cache, tf.cast(reduced, tf.float32), tf.cast(round_id, tf.int64))
 
 
 def grad_cache_wait(cache, timeout_ms):
@@ -263,20 +261,17 @@ def grad_cache_wait(cache, timeout_ms):
     Never call it inside a training step. Returns a bool scalar tensor (True: a gradient is pending).
     """
     lib = load_library()
-    with tf.device("/CPU:0"):
-        return lib.hetsync_grad_cache_wait(cache, tf.cast(timeout_ms, tf.float64))
+    return lib.hetsync_grad_cache_wait(cache, tf.cast(timeout_ms, tf.float64))
 
 
 def grad_cache_status(cache):
     """Return the cache's counters as a dict ``{name: int}`` (names in :data:`GRAD_CACHE_COUNTERS`). Eager."""
     lib = load_library()
-    with tf.device("/CPU:0"):
-        values = lib.hetsync_grad_cache_status(cache).numpy().tolist()
+    values = lib.hetsync_grad_cache_status(cache).numpy().tolist()
     return dict(zip(GRAD_CACHE_COUNTERS, values))
 
 
 def grad_cache_destroy(cache):
     """Delete the cache from its resource manager; later ops on the handle fail with NotFoundError."""
     lib = load_library()
-    with tf.device("/CPU:0"):
-        lib.hetsync_grad_cache_destroy(cache)
+    lib.hetsync_grad_cache_destroy(cache)

@@ -12,13 +12,14 @@
 * **Data injection** (alpha, beta) (section III-E, eq. 3): each step a random subset of
   ``ceil(alpha N)`` ranks (the injectors, identical on every rank: drawn from a shared seed and
   the step index) each share ``round(beta b')`` samples of their batch with every other rank
-  over mpi4py point-to-point; the local batch shrinks to b' = b / (1 + alpha beta N) so that the
+  over the point-to-point dispatcher (:mod:`hetsync.transport.p2p`); the local batch shrinks to b' = b / (1 + alpha beta N) so that the
   batch each rank trains on stays b (:func:`local_batch_size`, :class:`InjectionDataset`).
 
 All data sources here are infinite ``keras.utils.PyDataset`` objects indexed by the global step
 t (Keras keeps one iterator across epochs when ``steps_per_epoch`` is given), so the order is a
 pure function of (seed, rank, t) and the injection exchange of step t is tagged with t.
 """
+import logging
 import math
 import threading
 import time
@@ -27,6 +28,8 @@ import keras
 import numpy as np
 
 from . import runtime, transport
+
+log = logging.getLogger("hetsync")
 
 __all__ = [
     "seldp_partitions", "seldp_order", "SelDPSampler", "LocalSampler", "label_skew", "parse_partition",
@@ -271,53 +274,59 @@ class BatchDataset(keras.utils.PyDataset):
 
 
 class InjectionDataset(BatchDataset):
-    """Data injection (alpha, beta) of section III-E over mpi4py point-to-point.
+    """Data injection (alpha, beta) of section III-E over the point-to-point dispatcher.
 
     At global step t every rank draws its own b' samples with ``sampler(t)``. The injectors
     (:func:`injectors`, identical on all ranks) each send the first ``s = round(beta b')`` of
-    them to every other rank (non-blocking ``isend``, tag t); every rank then receives the s
-    samples of each other injector (every receive has a timeout). Item t is this rank's b'
-    samples followed by the pool of all injectors' shared samples in rank order (an injector's
-    own shared samples thus appear twice in its batch), so every rank trains on exactly
-    b' + ceil(alpha N) s samples, about b (eq. 3). Items are cached, so Keras' peeking at the first
-    items does not repeat an exchange.
+    them to every other rank (:meth:`hetsync.transport.Dispatcher.send` on channel
+    :attr:`CHANNEL`, tag t); every rank then receives the s samples of each other injector (every
+    receive has a timeout). Item t is this rank's b' samples followed by the pool of all
+    injectors' shared samples in rank order (an injector's own shared samples thus appear twice in
+    its batch), so every rank trains on exactly b' + ceil(alpha N) s samples, about b (eq. 3).
+    Items are cached, so Keras' peeking at the first items does not repeat an exchange.
 
     Counters (python ints, read by :class:`hetsync.protocols.selsync.SelSyncProtocol`):
-    ``sent_samples``, ``sent_bytes``, ``received_samples``, ``received_bytes``, ``exchanges``,
-    ``dropped_sends`` (sends not completed when :meth:`close` gave up).
+    ``sent_samples``, ``sent_bytes``, ``sent_messages``, ``received_samples``, ``received_bytes``,
+    ``received_messages``, ``exchanges``, ``unread_messages`` (injected batches that arrived for
+    steps this rank never trained on, e.g. Keras' prefetching past the last step; counted by
+    :meth:`close`) and ``dropped_sends`` (sends not completed when :meth:`close` gave up).
+    Summed over ranks, sent = received + unread messages.
 
     Args:
         x: array [M, ...] (the rank's local data). y: array [M]. sampler: callable t -> [b'] indices.
         alpha, beta: floats in [0, 1]. seed: int (shared by all ranks). timeout_s: float seconds
-        each receive may wait.
+        each receive may wait (and :meth:`close` waits for the other ranks).
 
     Raises:
         RuntimeError: launched under Gloo (needs MPI point-to-point).
-        ValueError: alpha or beta outside [0, 1].
+        ValueError: alpha or beta outside [0, 1], or timeout_s not positive.
     """
 
-    _TAG_BASE = 1 << 20
+    #: the dispatcher channel of injected samples.
+    CHANNEL = "selsync.inject"
 
     def __init__(self, x, y, sampler, alpha, beta, seed=0, timeout_s=120.0):
         super().__init__(x, y, sampler)
         _check_injection(alpha, beta)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"data injection timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.alpha, self.beta, self.seed, self.timeout_s = float(alpha), float(beta), int(seed), float(timeout_s)
         self.rank, self.world_size = runtime.rank(), runtime.size()
-        self.comm = transport.p2p_comm().Dup() if self.world_size > 1 else None
-        self._cache, self._pending = {}, []
+        self._p2p = transport.dispatcher() if self.world_size > 1 else None
+        self._cache = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.sent_samples = self.sent_bytes = self.received_samples = self.received_bytes = 0
-        self.exchanges = self.dropped_sends = 0
-
-    def _tag(self, t):
-        return self._TAG_BASE + int(t) % self._TAG_BASE
+        self.sent_samples = self.sent_bytes = self.sent_messages = 0
+        self.received_samples = self.received_bytes = self.received_messages = 0
+        self.exchanges = self.unread_messages = self.dropped_sends = 0
 
     def __getitem__(self, t):
         t = int(t)
         with self._lock:
             if t in self._cache:
                 return self._cache[t]
+            if self._closed:
+                raise RuntimeError(f"rank {self.rank}: data injection was closed; step {t} was requested after it")
             batch = self._exchange(t)
             self._cache[t] = batch
             for old in [k for k in self._cache if k < t - 64]:
@@ -335,11 +344,11 @@ class InjectionDataset(BatchDataset):
             nbytes = xs[:s].nbytes + ys[:s].nbytes
             for dest in range(self.world_size):
                 if dest != self.rank:
-                    self._pending.append(self.comm.isend(payload, dest=dest, tag=self._tag(t)))
+                    self._p2p.send(dest, self.CHANNEL, payload, tag=t)
                     self.sent_samples += s
                     self.sent_bytes += nbytes
-        self._pending = [r for r in self._pending if not r.Test()]
-        for src in chosen:
+                    self.sent_messages += 1
+        for src in (int(c) for c in chosen):
             if s == 0:
                 break
             if src == self.rank:
@@ -352,6 +361,7 @@ class InjectionDataset(BatchDataset):
                                    f"got {len(rx)} samples of step {step} from rank {sender}")
             self.received_samples += len(rx)
             self.received_bytes += rx.nbytes + ry.nbytes
+            self.received_messages += 1
             pool_x.append(rx)
             pool_y.append(ry)
         self.exchanges += 1
@@ -360,42 +370,58 @@ class InjectionDataset(BatchDataset):
         return xs, ys
 
     def _recv(self, src, t):
+        """Wait for step t's samples from rank src in slices of 0.2 s, so :meth:`close` can end the wait."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             if self._closed:
                 raise RuntimeError(f"rank {self.rank}: data injection closed while waiting for step {t} from rank {src}")
             try:
-                msg, _, _ = transport.recv_with_timeout(self.comm, src, self._tag(t), 0.2,
-                                                        f"injected samples of step {t} from rank {src}")
-                return msg
+                return self._p2p.recv(self.CHANNEL, source=src, tag=t, timeout_s=0.2).obj
             except transport.TransportTimeout:
                 if time.monotonic() > deadline:
                     raise transport.TransportTimeout(
                         f"rank {self.rank}: timed out after {self.timeout_s:g} s waiting for injected samples of "
-                        f"step {t} from rank {src}") from None
+                        f"step {t} from rank {src} (channel {self.CHANNEL!r})", pending=[(src, self.CHANNEL, t)]
+                    ) from None
 
-    def close(self, timeout_s=5.0):
-        """Stop waiting for injected samples; wait up to ``timeout_s`` seconds for this rank's
-        sends to complete and count those that did not as ``dropped_sends``. Returns that count."""
+    def close(self, timeout_s=None):
+        """End the injection traffic; every rank must call it (SelSync's ``stop`` does).
+
+        Stops serving new steps, then drains the channel with every rank
+        (:meth:`hetsync.transport.Dispatcher.drain`): the injected batches that arrived for steps
+        this rank never trained on are counted as ``unread_messages``. Sends of this rank still
+        not completed after that are counted as ``dropped_sends``.
+
+        Args:
+            timeout_s: float seconds to wait for the other ranks' end of traffic and for this
+                rank's sends (default: the dataset's ``timeout_s``).
+
+        Returns:
+            int, ``dropped_sends``.
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         self._closed = True
-        deadline = time.monotonic() + timeout_s
-        while self._pending and time.monotonic() < deadline:
-            self._pending = [r for r in self._pending if not r.Test()]
-            time.sleep(0.001)
-        self.dropped_sends += len(self._pending)
-        for r in self._pending:
-            try:
-                r.Cancel()
-            except Exception:  # noqa: BLE001 - an already matched send cannot be cancelled
-                pass
-        self._pending = []
+        with self._lock:  # an exchange in progress ends (or fails on _closed) before the drain
+            p2p, self._p2p = self._p2p, None
+        if p2p is None:  # a world of one rank, or closed before
+            return self.dropped_sends
+        try:
+            self.unread_messages += p2p.drain(self.CHANNEL, timeout_s=timeout_s)
+        except transport.TransportTimeout as exc:
+            log.warning("hetsync %s; the injected samples still queued are counted when the process ends", exc)
+        try:
+            p2p.flush(timeout_s, channel=self.CHANNEL)
+        except transport.TransportTimeout as exc:
+            self.dropped_sends += len(exc.pending)
         return self.dropped_sends
 
     def stats(self):
-        """Return the counters as a dict of ints."""
+        """Return the counters as a dict of ints (keys ``inject_*``, see the class docstring)."""
         return {"inject_sent_samples": self.sent_samples, "inject_sent_bytes": self.sent_bytes,
-                "inject_received_samples": self.received_samples, "inject_received_bytes": self.received_bytes,
-                "inject_exchanges": self.exchanges, "inject_dropped_sends": self.dropped_sends}
+                "inject_sent_messages": self.sent_messages, "inject_received_samples": self.received_samples,
+                "inject_received_bytes": self.received_bytes, "inject_received_messages": self.received_messages,
+                "inject_exchanges": self.exchanges, "inject_unread_messages": self.unread_messages,
+                "inject_dropped_sends": self.dropped_sends}
 
 
 def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):

@@ -58,8 +58,11 @@ def init(collective_timeout_s=None):
         timeout = COLLECTIVE_TIMEOUT_S if collective_timeout_s is None else collective_timeout_s
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"collective_timeout_s must be a positive number of seconds, got {timeout!r}")
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout) // 2)))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(timeout)))
+        # the check period follows the shutdown time in effect: horovod never shuts down when the
+        # check period is the longer one (an environment's shutdown time below 2 x our timeout did that)
+        shutdown_s = int(float(os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, shutdown_s // 2)))
         mode = _detect_mode()
         import horovod.tensorflow as hvd
 
@@ -147,7 +150,13 @@ def require_mpi(what):
 
 
 def shutdown():
-    """Shut horovod down (optional; it also shuts down at exit)."""
+    """Shut the point-to-point dispatcher (counting what is in flight) and horovod down.
+
+    Optional: both also shut down at exit.
+    """
     if _state["mode"] is not None:
+        from . import transport
+
+        transport.shutdown()
         _hvd().shutdown()
         _state["mode"] = None

@@ -23,13 +23,14 @@ def _env(extra=None):
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
     })
     env.update(extra or {})
-    return env
+    return {k: v for k, v in env.items() if v is not None}  # extra={"NAME": None} removes NAME
 
 
 def launch(np_, argv, launcher="mpirun", timeout=300, env=None, check=True):
     """Run ``argv`` (a list starting with a script path) on ``np_`` ranks.
 
-    launcher: "mpirun", "horovodrun-mpi", "horovodrun-gloo" or "single".
+    launcher: "mpirun", "horovodrun-mpi", "horovodrun-gloo" or "single". env: extra variables (a value of
+    None removes the variable).
     Returns the CompletedProcess; with check=True a non-zero exit fails the test with the output.
     """
     if launcher == "mpirun":

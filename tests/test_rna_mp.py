@@ -83,10 +83,37 @@ def test_a_rank_that_stops_stepping_does_not_hang_the_others(tmp_path):
     assert "ranks [2] did not finish within finish_timeout_s=3 s" in proc.stderr + proc.stdout
     assert [rk["steps_run"] for rk in r["ranks"]] == [60] * 4
     stalled = s["per_rank"][2]
-    # rank 2 trained its last 50 steps after the final round: counted, never silent
+    # rank 2 trained its last 50 steps after the final round (it waited for it): counted, never silent
     assert stalled["written"] - stalled["taken"] >= 50
+    assert stalled["written"] == stalled["taken"] + stalled["dropped"] + stalled["undrained_at_end"]
     assert s["unsynchronized_gradients"] >= 50
-    assert r["ranks"][0]["wall_s"] < 12.0 + 60.0
+    # nobody waited for timeout_s (30 s) on top of the stall, let alone horovod's stall shutdown
+    assert r["ranks"][0]["wall_s"] < 60.0
+
+
+def test_a_rank_whose_thread_does_not_end_makes_every_rank_fail_the_same_way_after_the_gather(tmp_path):
+    """Rank 1's communication thread outlives its 16 s join budget: stop() records that, the statistics
+    are still gathered from every rank, and every rank raises the same RNAError naming rank 1, within
+    the budget (not after horovod's stall shutdown, 120 s in the tests)."""
+    out = tmp_path / "stuck.json"
+    launch(4, ["tests/mp/rna_check.py", "stuck", str(out)], timeout=240)
+    r = read_json(out)
+    errors = {rk["error"] for rk in r["ranks"]}
+    assert len(errors) == 1 and None not in errors, errors  # the same error on every rank
+    (error,) = errors
+    assert error.startswith("RNA failed on rank(s) 1: rank 1: RNA communication thread did not end within 16 s")
+    budget = 2.0 + 4.0 + 10.0
+    stops = [rk["stop_s"] for rk in r["ranks"]]
+    assert stops[1] >= budget  # rank 1 waited its whole join budget
+    assert max(stops) < budget + 30.0, stops  # and nobody waited much longer
+    s = r["stats"]  # gathered before the error was raised
+    assert [pr["rank"] for pr in s["per_rank"]] == [0, 1, 2, 3]
+    assert [pr["error"] is not None for pr in s["per_rank"]] == [False, True, False, False]
+    assert s["final_reason"] == "all ranks finished"
+    for pr in s["per_rank"]:
+        assert pr["steps"] == pr["written"] == 30
+        assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+    assert "drift_before_final_average" not in s  # no final average after a failure
 
 
 def test_rna_trains_digits_under_random_slowdown_with_statistics(tmp_path):

@@ -63,12 +63,14 @@ def test_selsync_ewma_relative_change_flags_and_lssr_against_numpy(aggregation):
 def test_bad_arguments_fail_before_training():
     sgd = keras.optimizers.SGD
     cases = [
-        (dict(delta=-0.1), "delta must be a number >= 0"),
-        (dict(aggregation="mean"), "aggregation must be one of"),
-        (dict(ewma_window=0), "ewma_window must be an int >= 1"),
-        (dict(smoothing=1.5), "smoothing must be None"),
-        (dict(data_order="random"), "data_order must be one of"),
-        (dict(alpha=2.0, beta=0.5), r"alpha must be a number in \[0, 1\], got 2.0"),
+        (dict(delta=-0.1), "SelSync: delta must be a number >= 0"),
+        (dict(delta=float("nan")), "SelSync: delta must be a number >= 0 .*, got nan"),
+        (dict(aggregation="mean"), "SelSync: aggregation must be one of 'parameter', 'gradient', got 'mean'"),
+        (dict(ewma_window=0), r"SelSync: ewma_window must be an integer >= 1 \(steps\), got 0"),
+        (dict(smoothing=1.5), r"SelSync: smoothing must be None \(N/100\) or a number in \(0, 1\], got 1.5"),
+        (dict(data_order="random"), "SelSync: data_order must be one of 'seldp', 'defdp'"),
+        (dict(alpha=2.0, beta=0.5), r"SelSync: alpha must be a number in \[0, 1\] .*, got 2.0"),
+        (dict(inject_timeout_s=float("inf")), r"SelSync: inject_timeout_s must be a number > 0 \(seconds\), got inf"),
     ]
     for kwargs, msg in cases:
         with pytest.raises(ValueError, match=msg):
@@ -77,8 +79,9 @@ def test_bad_arguments_fail_before_training():
         hetsync.FedAvg(sgd(0.1), fraction=0)
     with pytest.raises(ValueError, match="syncs_per_epoch"):
         hetsync.FedAvg(sgd(0.1), syncs_per_epoch=-1)
-    with pytest.raises(ValueError, match="period H must be an int >= 1"):
+    with pytest.raises(ValueError, match="LocalSGD: period H must be an integer >= 1 .*, got 0"):
         hetsync.LocalSGD(sgd(0.1), period=0)
+    assert hetsync.SelSync(sgd(0.1), delta=float("inf")).hetsync_protocol.config()["delta"] == float("inf")
     with pytest.raises(TypeError, match="wraps a Keras 3 optimizer instance"):
         hetsync.SelSync("sgd")
     opt = hetsync.SelSync(sgd(0.1))
@@ -95,5 +98,5 @@ def test_cli_names_and_arguments():
     with pytest.raises(ValueError, match="protocol 'localsgd' takes no argument 'delta'; its arguments: period"):
         protocols.parse_protocol_args("localsgd", ["delta=1"])
     opt = protocols.from_cli("selsync", keras.optimizers.SGD(0.1), ["delta=0.5", "data_order=defdp"])
-    assert opt.hetsync_protocol.config()["delta"] == 0.5 and opt.hetsync_protocol.data_order == "defdp"
+    assert opt.hetsync_protocol.config()["delta"] == 0.5 and opt.hetsync_protocol.cfg.data_order == "defdp"
     assert opt.hetsync_protocol.smoothing == pytest.approx(0.01)  # N/100 with N = 1

@@ -25,7 +25,7 @@ def test_wrapping_twice_and_bad_arguments():
     assert isinstance(opt, keras.optimizers.SGD)
     with pytest.raises(ValueError, match="already wrapped by hetsync protocol 'bsp'"):
         hetsync.BSP(opt)
-    with pytest.raises(ValueError, match="compression must be 'none' or 'fp16', got 'zip'"):
+    with pytest.raises(ValueError, match="BSP: compression must be one of 'none', 'fp16', got 'zip'"):
         hetsync.BSP(keras.optimizers.SGD(0.1), compression="zip")
 
 

@@ -7,21 +7,16 @@
   (ResNet-50's size, RNA issue) against a plain host copy of the same bytes (``numpy.copyto``).
 * ``gradient cache full round``: write + take (host accumulation into one flat buffer) + publish +
   fresh read, against the same host copy.
-* ``queue hand-off``: measured against a bare condition-variable hand-off only if queue ops exist;
-  otherwise reported as skipped.
-* the RNA initiator simulation (:mod:`hetsync.sim.rna_initiator`) if that module exists.
+* the RNA initiator simulation (:mod:`hetsync.sim.rna_initiator`, RNA section 8.4).
 
 Every figure is the median over ``repeats`` timed repetitions after 3 warm-up calls.
 """
-import importlib
-import inspect
 import statistics
-import threading
 import time
 
 import numpy as np
 
-__all__ = ["run_all", "delay_overhead", "grad_cache_bench", "queue_bench", "rna_initiator_sim", "median_us"]
+__all__ = ["run_all", "delay_overhead", "grad_cache_bench", "rna_initiator_sim", "median_us"]
 
 #: float32 values in the gradient-cache benchmark (ResNet-50's parameter count, about 100 MB).
 CACHE_VALUES = 25_000_000
@@ -62,24 +57,17 @@ def delay_overhead(repeats=30, chain=2000):
             "note": f"reference: tf.identity_n; {chain} ops chained in a tf.while_loop"}
 
 
-def _has(module, names):
-    return all(hasattr(module, n) for n in names)
-
-
 def grad_cache_bench(repeats=30, values=CACHE_VALUES):
     """WriteOp+ReadOp (and a full round) on ``values`` float32 values vs a host copy of the same bytes.
 
     Returns:
-        list of result dicts, or one ``{"name", "skipped"}`` dict if the ops do not exist.
+        list of two result dicts (WriteOp+ReadOp, full round).
     """
+    import tensorflow as tf
+
     from .. import ops
 
-    needed = ("grad_cache_create", "grad_cache_write", "grad_cache_read", "grad_cache_take", "grad_cache_publish",
-              "grad_cache_destroy")
     name = f"gradient cache WriteOp+ReadOp ({values / 1e6:.0f}M float32)"
-    if not _has(ops, needed):
-        return [{"name": name, "skipped": "hetsync.ops has no gradient-cache ops (RNA not built yet)"}]
-    import tensorflow as tf
 
     src = np.random.default_rng(0).standard_normal(values, dtype=np.float32)
     dst = np.empty_like(src)
@@ -121,101 +109,35 @@ def grad_cache_bench(repeats=30, values=CACHE_VALUES):
     ]
 
 
-def _bare_handoff_us(repeats):
-    """One producer -> consumer hand-off through a bare ``threading.Condition`` (microseconds)."""
-    cond, box = threading.Condition(), []
-    n = 2000
-
-    def consumer():
-        for _ in range(n):
-            with cond:
-                while not box:
-                    cond.wait(1.0)
-                box.pop()
-                cond.notify()
-
-    def run():
-        th = threading.Thread(target=consumer)
-        th.start()
-        for i in range(n):
-            with cond:
-                while box:
-                    cond.wait(1.0)
-                box.append(i)
-                cond.notify()
-        th.join(10.0)
-    return median_us(run, max(3, repeats // 5), warmup=1) / n
-
-
-def queue_bench(repeats=30):
-    """Queue hand-off op vs a bare condition-variable hand-off, if queue ops exist (list of dicts)."""
-    from .. import ops
-
-    names = [n for n in dir(ops) if "queue" in n.lower() and callable(getattr(ops, n))]
-    if not names:
-        return [{"name": "queue hand-off", "skipped": "hetsync.ops has no queue ops; "
-                 f"bare condition-variable hand-off alone: {_bare_handoff_us(repeats):.1f} us"}]
-    return [{"name": "queue hand-off", "skipped": f"queue ops {names} exist but have no benchmark adapter yet; "
-             f"bare condition-variable hand-off: {_bare_handoff_us(repeats):.1f} us"}]
-
-
 def rna_initiator_sim(iterations=2000):
-    """Run the RNA initiator simulation (RNA section 8.4) if :mod:`hetsync.sim.rna_initiator` exists.
+    """Run the RNA initiator simulation (RNA section 8.4, :mod:`hetsync.sim.rna_initiator`).
 
-    With its ``simulate_restart`` / ``simulate_continuous`` / ``summarize`` functions: 100 ranks, task
-    times U[10, 50] ms, 1-4 probes, ``iterations`` iterations each; median, 5th and 95th percentile
-    response times beside the paper's medians. Otherwise the module's first zero-argument callable
-    among ``benchmark``, ``table``, ``run``, ``main_table``,
-    ``simulate_all`` is called; a list of dicts (or of rows with a ``HEADERS`` attribute) is rendered.
+    100 ranks, task times U[10, 50] ms, 1-4 probes, ``iterations`` iterations each, in both models
+    (ranks restart their task each iteration, or compute back to back); median, 5th and 95th
+    percentile response times beside the paper's medians.
 
     Returns:
-        ``{"title", "headers", "rows"}`` or ``{"skipped": reason}``.
+        ``{"title", "headers", "rows"}``.
     """
-    try:
-        mod = importlib.import_module("hetsync.sim.rna_initiator")
-    except ImportError as exc:
-        return {"skipped": f"hetsync.sim.rna_initiator not available ({exc})"}
-    if _has(mod, ("simulate_restart", "simulate_continuous", "summarize")):
-        paper = getattr(mod, "PAPER_MEDIAN_MS", {})
-        rows = []
-        for d in (1, 2, 3, 4):
-            for model in ("restart", "continuous"):
-                sim = getattr(mod, f"simulate_{model}")
-                st = mod.summarize(sim(ranks=100, probes=d, low_ms=10.0, high_ms=50.0, iterations=iterations, seed=0))
-                rows.append([str(d), model, f"{st['median']:.1f}", f"{st['p5']:.1f}", f"{st['p95']:.1f}",
-                             str(paper.get(d, "-")) if model == "restart" else ""])
-        return {"title": f"RNA initiator simulation (RNA section 8.4): 100 ranks, task times U[10, 50] ms, "
-                         f"{iterations} iterations per row, response time of the initiator choice",
-                "headers": ["probes", "model", "median ms", "p5 ms", "p95 ms", "paper median ms"], "rows": rows}
-    for name in ("benchmark", "table", "run", "main_table", "simulate_all"):
-        fn = getattr(mod, name, None)
-        if callable(fn) and all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                                for p in inspect.signature(fn).parameters.values()):
-            out = fn()
-            if isinstance(out, dict) and "rows" in out:
-                out.setdefault("title", "RNA initiator simulation")
-                return out
-            if isinstance(out, list) and out and isinstance(out[0], dict):
-                headers = list(out[0])
-                return {"title": f"RNA initiator simulation (hetsync.sim.rna_initiator.{name})", "headers": headers,
-                        "rows": [[_fmt(d.get(h)) for h in headers] for d in out]}
-            if isinstance(out, list) and hasattr(mod, "HEADERS"):
-                return {"title": "RNA initiator simulation", "headers": list(mod.HEADERS),
-                        "rows": [[_fmt(v) for v in row] for row in out]}
-    return {"skipped": "hetsync.sim.rna_initiator has no zero-argument table function the bench knows"}
+    from ..sim import rna_initiator as sim
 
-
-def _fmt(v):
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    rows = []
+    for d in (1, 2, 3, 4):
+        for model in ("restart", "continuous"):
+            simulate = sim.simulate_restart if model == "restart" else sim.simulate_continuous
+            st = sim.summarize(simulate(ranks=100, probes=d, low_ms=10.0, high_ms=50.0, iterations=iterations, seed=0))
+            rows.append([str(d), model, f"{st['median']:.1f}", f"{st['p5']:.1f}", f"{st['p95']:.1f}",
+                         str(sim.PAPER_MEDIAN_MS.get(d, "-")) if model == "restart" else ""])
+    return {"title": f"RNA initiator simulation (RNA section 8.4): 100 ranks, task times U[10, 50] ms, "
+                     f"{iterations} iterations per row, response time of the initiator choice",
+            "headers": ["probes", "model", "median ms", "p5 ms", "p95 ms", "paper median ms"], "rows": rows}
 
 
 def run_all(repeats=30):
     """Run every microbenchmark; returns ``{"ops": [result dicts], "sim": dict}`` (JSON-serialisable).
 
-    Each op result has ``name``, ``op_us``, ``reference_us``, ``ratio`` (op / reference) and ``note``,
-    or ``name`` and ``skipped`` (the reason).
+    Each op result has ``name``, ``op_us``, ``reference_us``, ``ratio`` (op / reference) and ``note``.
     """
     results = [delay_overhead(repeats)]
     results += grad_cache_bench(repeats)
-    results += queue_bench(repeats)
     return {"ops": results, "sim": rna_initiator_sim()}

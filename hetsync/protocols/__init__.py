@@ -1,30 +1,31 @@
 """Protocols, one module each, registered by their lowercase CLI name.
 
-``bsp`` -> :func:`hetsync.protocols.bsp.BSP`. Later protocols (``rna``, ``taskalloc``,
-``selsync``, ``fedavg``, ``localsgd``...) add one module and one line in :data:`WRAPPERS`.
+Each protocol module declares its parameters once (a frozen ``Config`` dataclass,
+:mod:`hetsync.protocols.config`), its update rule (a :class:`Protocol` subclass) and its public
+wrapper made from both by :func:`hetsync.protocols.wrapper.protocol_wrapper`. ``bsp`` ->
+:func:`hetsync.protocols.bsp.BSP`; a new protocol adds one module and one entry in :data:`WRAPPERS`.
 """
-import ast
-import inspect
+from . import allocation
+from .base import Protocol
+from .bsp import BSP, BSPConfig, BSPProtocol
+from .config import ProtocolConfig
+from .fedavg import FedAvg, FedAvgConfig, FedAvgProtocol
+from .localsgd import LocalSGD, LocalSGDConfig, LocalSGDProtocol
+from .rna import RNA, RNAConfig, RNAProtocol
+from .selsync import SelSync, SelSyncConfig, SelSyncProtocol
+from .taskalloc import TaskAllocation, TaskAllocationConfig, TaskAllocationProtocol
+from .wrapper import load_model, protocol_of, wrap
 
-from .base import Protocol, protocol_of, wrap
-from .bsp import BSP, BSPProtocol
-from .rna import RNA, RNAProtocol
-from .fedavg import FedAvg, FedAvgProtocol
-from .localsgd import LocalSGD, LocalSGDProtocol
-from .selsync import SelSync, SelSyncProtocol
-from .taskalloc import TaskAllocation, TaskAllocationProtocol
+__all__ = ["Protocol", "ProtocolConfig", "wrap", "protocol_of", "load_model", "WRAPPERS", "get_wrapper",
+           "get_config_class", "parse_protocol_args", "from_cli", "allocation",
+           "BSP", "BSPProtocol", "BSPConfig", "RNA", "RNAProtocol", "RNAConfig",
+           "SelSync", "SelSyncProtocol", "SelSyncConfig", "FedAvg", "FedAvgProtocol", "FedAvgConfig",
+           "LocalSGD", "LocalSGDProtocol", "LocalSGDConfig",
+           "TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig"]
 
-__all__ = ["Protocol", "wrap", "protocol_of", "BSP", "BSPProtocol", "WRAPPERS", "get_wrapper", "parse_protocol_args",
-           "from_cli"]
-
-#: lowercase name -> wrapper function ``(optimizer, **kwargs) -> optimizer``.
-WRAPPERS = {"bsp": BSP}
-WRAPPERS["rna"] = RNA
-__all__ += ["RNA", "RNAProtocol"]
-WRAPPERS.update({"selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD})
-__all__ += ["SelSync", "SelSyncProtocol", "FedAvg", "FedAvgProtocol", "LocalSGD", "LocalSGDProtocol"]
-WRAPPERS["taskalloc"] = TaskAllocation
-__all__ += ["TaskAllocation", "TaskAllocationProtocol"]
+#: lowercase name -> wrapper function ``(optimizer, **config fields) -> optimizer``.
+WRAPPERS = {"bsp": BSP, "rna": RNA, "selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD,
+            "taskalloc": TaskAllocation}
 
 
 def get_wrapper(name):
@@ -39,11 +40,22 @@ def get_wrapper(name):
         raise ValueError(f"unknown protocol {name!r}; known protocols: {', '.join(sorted(WRAPPERS))}") from None
 
 
-def parse_protocol_args(name, pairs):
-    """Parse ``--protocol-arg KEY=VALUE`` strings against the wrapper's signature.
+def get_config_class(name):
+    """Return the configuration dataclass of the protocol registered as ``name``.
 
-    Values are Python literals where they parse as one (``0.3``, ``True``, ``[1, 2]``), otherwise
-    strings (``mode=adaptive``).
+    Raises:
+        ValueError: unknown protocol name.
+    """
+    return get_wrapper(name).protocol_class.Config
+
+
+def parse_protocol_args(name, pairs):
+    """Parse ``--protocol-arg KEY=VALUE`` strings against the protocol's configuration dataclass.
+
+    Each value is converted to its field's type (:meth:`hetsync.protocols.config.ProtocolConfig.parse_arg`:
+    ``probes=2`` an int, ``delta=0.3`` a float, ``scale_lr=True`` a bool, ``mode=adaptive`` a
+    str, ``weights=[3, 1]`` a list, ``micro_batch=None`` None); ranges are checked when the
+    wrapper builds the configuration.
 
     Args:
         name: protocol name. pairs: iterable of ``"KEY=VALUE"`` strings.
@@ -52,26 +64,22 @@ def parse_protocol_args(name, pairs):
         dict of keyword arguments.
 
     Raises:
-        ValueError: unknown protocol, a pair without ``=``, a repeated key, or a key that the
-            wrapper does not take (the message lists the keys it does take).
+        ValueError: unknown protocol, a pair without ``=``, a repeated key, a key that is not a
+            field (the message lists the fields), or a value not of the field's type.
     """
-    fn = get_wrapper(name)
-    params = [p for p in inspect.signature(fn).parameters if p != "optimizer"]
+    config_cls = get_config_class(name)
     kwargs = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"--protocol-arg must look like KEY=VALUE, got {pair!r}")
-        if key not in params:
-            allowed = ", ".join(params) if params else "(none)"
-            raise ValueError(f"protocol {name!r} takes no argument {key!r}; its arguments: {allowed}")
         if key in kwargs:
             raise ValueError(f"--protocol-arg {key} given twice")
         try:
-            kwargs[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            kwargs[key] = value
+            kwargs[key] = config_cls.parse_arg(key, value)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(f"protocol {config_cls.owner} ", f"protocol {name!r} ", 1)) from None
     return kwargs
 
 

@@ -1,26 +1,70 @@
-"""The one base class every protocol shares, and the Keras 3 optimizer wrapper that calls it.
+"""The one base class every protocol shares, with the mechanisms several protocols use.
 
 A protocol decides what happens to ``(grads, variables)`` on each step (:meth:`Protocol.apply`
 or the simpler :meth:`Protocol.transform`), may run a communication thread
 (:meth:`Protocol.start` / :meth:`Protocol.stop`, called by :class:`hetsync.callbacks.ProtocolHooks`)
-and reports statistics. :func:`wrap` turns a user's Keras 3 optimizer into a protocol-aware one by
-subclassing its class and overriding ``apply(grads, trainable_variables)``, the hook Keras 3 calls
-inside the compiled ``model.fit`` step (GUIDE section 1). Horovod's own Keras layer is not used:
-on Keras 3 it averages nothing.
+and reports statistics. Its parameters are one frozen dataclass (:attr:`Protocol.Config`, see
+:mod:`hetsync.protocols.config`). The Keras 3 optimizer wrapper that calls it lives in
+:mod:`hetsync.protocols.wrapper`.
+
+Shared mechanisms (here, not in a sibling protocol):
+
+* the present-gradient gather and scatter (:func:`present_gradients`, :func:`scatter_gradients`);
+* parameter averaging inside the step (:meth:`Protocol.average_parameters`; SelSync's PA, local
+  SGD, FedAvg's masked average), end-of-training averaging (:meth:`Protocol.average_at_train_end`,
+  run by :meth:`Protocol.stop` for every protocol whose config has ``average_at_end=True``) and
+  the drift measure (:meth:`Protocol.parameter_drift`; RNA, end-of-training);
+* the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`).
 """
-import keras
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
 from .. import ops, runtime, slowdown, transport
 
-__all__ = ["Protocol", "wrap", "protocol_of", "average_at_train_end"]
+__all__ = ["Protocol", "present_gradients", "scatter_gradients", "payload_bytes"]
+
+
+def present_gradients(grads):
+    """Gather the gradients that exist: ``(indices, dense)``.
+
+    Args:
+        grads: list of gradient tensors, ``tf.IndexedSlices`` or None (one per variable).
+
+    Returns:
+        ``(indices, dense)``: list of the int positions of the non-None gradients and the list of
+        those gradients as dense tensors (IndexedSlices converted), same order.
+    """
+    indices = [i for i, g in enumerate(grads) if g is not None]
+    return indices, [tf.convert_to_tensor(grads[i]) for i in indices]
+
+
+def scatter_gradients(grads, indices, values):
+    """Put ``values`` back at ``indices`` of a copy of ``grads`` (the inverse of :func:`present_gradients`).
+
+    Args:
+        grads: list (length n). indices: list of int positions. values: list, same length as indices.
+
+    Returns:
+        a new list of length n.
+    """
+    out = list(grads)
+    for i, g in zip(indices, values):
+        out[i] = g
+    return out
+
+
+def payload_bytes(tensors):
+    """Return the total size in bytes (python int) of a list of tensors with static shapes."""
+    return int(sum(t.shape.num_elements() * t.dtype.size for t in tensors))
 
 
 class Protocol:
     """Base class of every hetsync protocol (BSP, RNA, task allocation, SelSync, ...).
 
-    Subclasses set :attr:`name` (the lowercase CLI name) and :attr:`requires_mpi`, then override
+    Subclasses set :attr:`name` (the lowercase CLI name), :attr:`display_name`, :attr:`Config`
+    (their frozen configuration dataclass) and :attr:`requires_mpi`, then override
     :meth:`transform` (gradients in, gradients out) or :meth:`apply` (full control over the local
     step), plus :meth:`build`, :meth:`start`, :meth:`stop` and :meth:`callbacks` as needed.
 
@@ -36,16 +80,41 @@ class Protocol:
       milliseconds (K x MS x samples / b + extra); 0 otherwise;
     * ``overrun``: 1 if the step's real compute exceeded its emulated duration (the step was not
       shortened, so the emulation is off for it), else 0; ``overruns``: their cumulative count.
+
+    Args:
+        config: an instance of :attr:`Config` (or None: build it from ``kwargs``, all defaults
+            without them).
+        **kwargs: fields of :attr:`Config` (with ``config``: replace those fields).
+
+    Raises:
+        ValueError: a bad configuration value (before training).
+        TypeError: a ``config`` of another class, or arguments for a protocol without ``Config``.
     """
 
     #: lowercase protocol name used by ``--protocol`` and in summaries.
     name = "base"
+    #: the wrapper's name (e.g. ``"RNA"``): names the wrapped optimizer class (``RNA_SGD``) and messages.
+    display_name = "Protocol"
     #: True if the protocol needs MPI point-to-point messages (fails under ``horovodrun --gloo``).
     requires_mpi = False
+    #: the protocol's configuration dataclass (a :class:`hetsync.protocols.config.ProtocolConfig`), or None.
+    Config = None
 
-    def __init__(self):
+    def __init__(self, config=None, **kwargs):
+        if self.Config is None:
+            if config is not None or kwargs:
+                raise TypeError(f"{type(self).__name__} has no configuration; got {config!r}, {kwargs!r}")
+        elif config is None:
+            config = self.Config(**kwargs)
+        elif not isinstance(config, self.Config):
+            raise TypeError(f"{type(self).__name__} needs a {self.Config.__name__}, got {type(config).__name__}")
+        elif kwargs:
+            config = dataclasses.replace(config, **kwargs)
+        #: the frozen configuration (an instance of :attr:`Config`), or None.
+        self.cfg = config
         self.optimizer = None
         self._stats = {}
+        self._final = {}
         #: samples this rank processes per epoch (int), set by :meth:`fit_data`; read by SyncMetrics.
         self.samples_per_epoch = None
         #: the run's per-rank batch size b (int samples), set by :meth:`fit_data`: the reference of
@@ -54,13 +123,13 @@ class Protocol:
 
     # -- life cycle ---------------------------------------------------------------------------
     def attach(self, optimizer):
-        """Bind to the wrapped optimizer and create state. Called once by :func:`wrap` (eagerly).
+        """Bind to the wrapped optimizer and create state. Called once by the wrapper (eagerly).
 
         Raises:
             RuntimeError: hetsync not initialised, or an MPI-only protocol launched under Gloo.
         """
         if not runtime.is_initialized():
-            raise RuntimeError(f"hetsync.{type(self).__name__}: call hetsync.init() before wrapping an optimizer")
+            raise RuntimeError(f"hetsync.{self.display_name}: call hetsync.init() before wrapping an optimizer")
         if self.requires_mpi:
             runtime.require_mpi(f"protocol {self.name!r}")
         self.optimizer = optimizer
@@ -75,7 +144,11 @@ class Protocol:
         """Start communication threads (called at ``on_train_begin``)."""
 
     def stop(self):
-        """Stop communication threads, drain or count what is in flight (``on_train_end``)."""
+        """End of training (``on_train_end``, every rank): with ``average_at_end=True`` in the
+        config, average the parameters once (:meth:`average_at_train_end`). Protocols with threads
+        stop them first and drain or count what is in flight."""
+        if getattr(self.cfg, "average_at_end", False):
+            self.average_at_train_end()
 
     def callbacks(self):
         """Return the list of Keras callbacks this protocol needs besides the common ones."""
@@ -149,7 +222,7 @@ class Protocol:
         """Return the gradients to apply locally (default: unchanged)."""
         return grads
 
-    # -- helpers for subclasses -----------------------------------------------------------------
+    # -- shared mechanisms -----------------------------------------------------------------------
     def synchronize(self, fn, tensors):
         """Run the collective ``fn(tensors)`` with the scenario's network latency, timed.
 
@@ -176,6 +249,116 @@ class Protocol:
         self._stats["syncs"].assign_add(tf.constant(1.0, tf.float64))
         return out
 
+    def average_parameters(self, variables, weight=None, name=None):
+        """Average the parameters over ranks (parameter aggregation) and assign the result, timed.
+
+        With ``weight`` None, w <- (1/N) sum_n w_n (one fused averaged allreduce; SelSync's PA,
+        section III-C; local SGD). With a float32 scalar ``weight`` (1 for ranks taking part, 0
+        for the others; FedAvg's random fraction C), w <- sum_n weight_n w_n / sum_n weight_n on
+        *every* rank, by one masked fused allreduce-sum. Runs inside :meth:`synchronize`
+        (netdelay latency, ``sync_wait_ms``, ``syncs``). Usable inside the compiled step.
+
+        Args:
+            variables: list of Keras variables (float). weight: None or float32 scalar tensor.
+            name: op-name prefix (default ``hetsync_<name>_avg``).
+
+        Returns:
+            list of the assign ops.
+        """
+        name = name or f"hetsync_{self.name}_avg"
+        values = [tf.convert_to_tensor(v.value) for v in variables]
+        if weight is None:
+            avg = self.synchronize(lambda ts: transport.allreduce_mean(ts, name=name), values)
+        else:
+            masked = [v * tf.cast(weight, v.dtype) for v in values] + [tf.reshape(tf.cast(weight, tf.float32), [1])]
+            summed = self.synchronize(lambda ts: transport.allreduce_sum(ts, name=name), masked)
+            count = summed[-1][0]
+            avg = [s / tf.cast(count, s.dtype) for s in summed[:-1]]
+        return [v.assign(a) for v, a in zip(variables, avg)]
+
+    def parameter_drift(self, values, mean, name, active=True):
+        """The drift: the largest L2 distance ||x_r - mean|| of a rank's parameters from the mean (eager).
+
+        Every rank calls it with its own flat parameters; ranks with ``active=False`` (e.g. RNA
+        ranks that finished) do not count. One :func:`hetsync.transport.allgather_object`.
+
+        Args:
+            values, mean: float arrays of the same shape (this rank's parameters, the mean over ranks).
+            name: str collective name (the same on every rank). active: bool.
+
+        Returns:
+            float, max over active ranks (-1.0 if none is active).
+        """
+        dist = float(np.linalg.norm(np.asarray(values, np.float64) - np.asarray(mean, np.float64))) if active else -1.0
+        return float(max(transport.allgather_object(dist, name=name)))
+
+    def average_at_train_end(self):
+        """Average the trainable parameters over all ranks once, eagerly, when training ends.
+
+        w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since
+        the last synchronization are kept in the average, not discarded). Run by :meth:`stop` on
+        every rank when the config has ``average_at_end=True`` (RNA, SelSync, local SGD, FedAvg);
+        not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``. Records
+        ``final_average`` and ``drift_before_final_average`` (:meth:`parameter_drift` before the
+        average; 0.0 if the ranks were equal) for :meth:`summary_stats`.
+
+        Returns:
+            dict ``{"final_average": True, "drift_before_final_average": float}``.
+
+        Raises:
+            RuntimeError: the optimizer has no trainable variables (not built).
+        """
+        variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
+        if not variables:
+            raise RuntimeError(f"{self.name}: no trainable variables to average at train end (optimizer not built)")
+        values = [tf.convert_to_tensor(v.value) for v in variables]
+        means = transport.allreduce_mean(values, name=f"hetsync_{self.name}_final_avg")
+        flat = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in values])
+        flat_mean = np.concatenate([np.ravel(np.asarray(m, np.float64)) for m in means])
+        drift = self.parameter_drift(flat, flat_mean, name=f"hetsync_{self.name}_final_drift")
+        for v, m in zip(variables, means):
+            v.assign(m)
+        self._final = {"final_average": True, "drift_before_final_average": drift}
+        return dict(self._final)
+
+    def add_sync_stats(self):
+        """Create the per-step statistics every semi-synchronous protocol reports (all float64):
+
+        * ``sync``: 1 if this step synchronized (parameters or gradients crossed the network), else 0;
+        * ``sync_steps`` / ``local_steps``: cumulative counts of synchronous / local-only steps;
+        * ``lssr``: local-to-synchronous step ratio, local / (local + sync) steps (SelSync eq. 4);
+        * ``bytes_sent``: cumulative payload bytes this rank handed to collectives (parameters or
+          gradients, plus any flag exchange), not counting the transport's own framing.
+        """
+        for name in ("sync", "sync_steps", "local_steps", "lssr", "bytes_sent"):
+            self.add_stat(name)
+
+    def record_step(self, synced, nbytes):
+        """Update the statistics of :meth:`add_sync_stats` inside the compiled step.
+
+        Args:
+            synced: bool scalar tensor, whether this step synchronized.
+            nbytes: float64 scalar tensor, payload bytes this rank sent this step.
+
+        Returns:
+            list of the assign ops (use as control dependencies).
+        """
+        s = self._stats
+        one = tf.cast(synced, tf.float64)
+        assigns = [s["sync"].assign(one), s["sync_steps"].assign_add(one), s["local_steps"].assign_add(1.0 - one),
+                   s["bytes_sent"].assign_add(tf.cast(nbytes, tf.float64))]
+        with tf.control_dependencies(assigns):
+            total = s["sync_steps"].read_value() + s["local_steps"].read_value()
+            assigns.append(s["lssr"].assign(s["local_steps"].read_value() / tf.maximum(total, 1.0)))
+        return assigns
+
+    def sync_summary(self):
+        """The end-of-run figures of :meth:`add_sync_stats` (dict of ints and ``lssr``, float)."""
+        st = self.step_stats()
+        return {"syncs": int(st["syncs"]), "sync_steps": int(st["sync_steps"]), "local_steps": int(st["local_steps"]),
+                "lssr": st["lssr"], "bytes_sent": int(st["bytes_sent"])}
+
+    # -- statistics -------------------------------------------------------------------------------
     def add_stat(self, name, initial=0.0):
         """Create (eagerly) a float64 scalar statistic variable and return it."""
         if name not in self._stats:
@@ -189,23 +372,26 @@ class Protocol:
         return {k: float(v.numpy()) for k, v in self._stats.items()}
 
     def summary_stats(self):
-        """Return a JSON-serialisable dict of end-of-run statistics (default: last step values)."""
-        return {"syncs": int(self._stats["syncs"].numpy())} if self._stats else {}
+        """Return a JSON-serialisable dict of end-of-run statistics (default: ``syncs``, and the
+        end-of-training average's figures if it ran)."""
+        out = {"syncs": int(self._stats["syncs"].numpy())} if self._stats else {}
+        out.update(self._final)
+        return out
 
     def config(self):
-        """Return the protocol's arguments as a JSON-serialisable dict (for summaries)."""
-        return {}
+        """Return the protocol's configuration as a JSON-serialisable dict (:func:`dataclasses.asdict`
+        of :attr:`cfg`; ``{}`` without one): exactly the wrapper's arguments, so the wrapper
+        called with them builds an equal protocol (``summary.json``, saved models)."""
+        return self.cfg.as_dict() if self.cfg is not None else {}
 
     # -- called by the wrapper ------------------------------------------------------------------
     def _step(self, grads, variables, local_apply):
         """Inject the scenario's slowdown on the gradients, reset per-step stats, run :meth:`apply`."""
         grads = list(grads)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        present, dense = present_gradients(grads)
         control = tf.convert_to_tensor(slowdown.step_control())
         delayed, delay_ms, compute_ms = ops.delay(dense, control, name="hetsync_step_delay")
-        for i, g in zip(present, delayed):
-            grads[i] = g
+        grads = scatter_gradients(grads, present, delayed)
         emulated = control[3] > 0.0
         target_ms = tf.where(emulated, control[1] * control[3] + control[2], tf.constant(0.0, tf.float64))
         overrun = tf.cast(tf.logical_and(emulated, compute_ms > target_ms), tf.float64)
@@ -216,88 +402,3 @@ class Protocol:
         self._stats["overruns"].assign_add(overrun)
         self._stats["sync_wait_ms"].assign(tf.constant(0.0, tf.float64))
         return self.apply(grads, variables, local_apply)
-
-
-class _ProtocolOptimizer:
-    """Mixin placed before the user's optimizer class; routes ``apply`` through the protocol."""
-
-    def apply(self, grads, trainable_variables=None):
-        variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
-        base_apply = super().apply
-        return self.hetsync_protocol._step(list(grads), variables, lambda g, v: base_apply(g, v))
-
-
-def average_at_train_end(protocol, name):
-    """Average the trainable parameters over all ranks once, eagerly, when training ends.
-
-    w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since the
-    last synchronization are kept in the average, not discarded). Called from a protocol's
-    ``stop`` on every rank (RNA, SelSync, local SGD); not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
-
-    Args:
-        protocol: the protocol (its optimizer must be built). name: collective-name prefix (str).
-
-    Returns:
-        dict ``{"final_average": True, "drift_before_final_average": float}``: the largest L2
-        distance ||w_n - w_mean|| over ranks before the average (0.0 if they were already equal).
-
-    Raises:
-        RuntimeError: the optimizer has no trainable variables (not built).
-    """
-    variables = list(getattr(protocol.optimizer, "_trainable_variables", None) or [])
-    if not variables:
-        raise RuntimeError(f"{protocol.name}: no trainable variables to average at train end (optimizer not built)")
-    values = [tf.convert_to_tensor(v.value) for v in variables]
-    means = transport.allreduce_mean(values, name=f"{name}_final_avg")
-    dist = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(a - m, tf.float64))) for a, m in zip(values, means)]))
-    drift = float(tf.reduce_max(transport.allgather(tf.reshape(dist, [1]), name=f"{name}_final_drift")).numpy())
-    for v, m in zip(variables, means):
-        v.assign(m)
-    return {"final_average": True, "drift_before_final_average": drift}
-
-
-def wrap(optimizer, protocol):
-    """Return a copy of a Keras 3 optimizer whose every step goes through ``protocol``.
-
-    The copy is an instance of a subclass of the optimizer's own class (built with
-    ``from_config(optimizer.get_config())``), so learning rate, schedules and slots behave as
-    the user configured them. The protocol is reachable as ``optimizer.hetsync_protocol``.
-
-    Args:
-        optimizer: a ``keras.optimizers.Optimizer`` instance (Keras 3), not yet used.
-        protocol: a :class:`Protocol` instance.
-
-    Returns:
-        keras.optimizers.Optimizer.
-
-    Raises:
-        TypeError: ``optimizer`` is not a Keras 3 optimizer instance (for example a string, a
-            class, a learning rate or a schedule).
-        ValueError: the optimizer is already wrapped by a hetsync protocol.
-        RuntimeError: hetsync not initialised, or an MPI-only protocol under Gloo.
-    """
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            f"hetsync.{type(protocol).__name__.replace('Protocol', '')} wraps a Keras 3 optimizer instance such as "
-            f"keras.optimizers.SGD(learning_rate=0.1); got {type(optimizer).__name__}: {optimizer!r}"
-        )
-    if getattr(optimizer, "hetsync_protocol", None) is not None:
-        raise ValueError(f"optimizer is already wrapped by hetsync protocol {optimizer.hetsync_protocol.name!r}")
-    base = type(optimizer)
-    cls = type(base.__name__, (_ProtocolOptimizer, base), {"__module__": base.__module__})
-    wrapped = cls.from_config(optimizer.get_config())
-    wrapped.hetsync_protocol = protocol
-    protocol.attach(wrapped)
-    return wrapped
-
-
-def protocol_of(optimizer):
-    """Return the :class:`Protocol` of a wrapped optimizer.
-
-    Raises:
-        TypeError: ``optimizer`` was not wrapped by a hetsync protocol.
-    """
-    proto = getattr(optimizer, "hetsync_protocol", None)
-    if proto is None:
-        raise TypeError(f"{optimizer!r} is not a hetsync-wrapped optimizer; wrap it with e.g. hetsync.BSP(optimizer)")
-    return proto

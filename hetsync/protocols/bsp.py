@@ -4,40 +4,44 @@ The baseline every protocol is measured against: what horovod's ``DistributedOpt
 Keras 2 (one fused allreduce of all gradients, divided by the world size n), written for Keras 3.
 Update: w_{k+1} = w_k - gamma * (1/n) sum_i g_i(w_k).
 """
-from .. import transport
-from .base import Protocol, wrap
+import dataclasses
+import typing
 
-__all__ = ["BSP", "BSPProtocol"]
+from .. import transport
+from .base import Protocol, present_gradients, scatter_gradients
+from .config import ProtocolConfig, param
+from .wrapper import protocol_wrapper
+
+__all__ = ["BSP", "BSPProtocol", "BSPConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BSPConfig(ProtocolConfig):
+    """BSP's parameters (see :func:`BSP`)."""
+
+    owner: typing.ClassVar[str] = "BSP"
+
+    compression: typing.Literal["none", "fp16"] = param(
+        "none", "``\"none\"`` or ``\"fp16\"``: horovod's FP16 wire compression of the allreduce.")
 
 
 class BSPProtocol(Protocol):
     """Averaged allreduce of every gradient, every step (see :func:`BSP`)."""
 
     name = "bsp"
-
-    def __init__(self, compression="none"):
-        super().__init__()
-        if compression not in ("none", "fp16"):
-            raise ValueError(f"BSP: compression must be 'none' or 'fp16', got {compression!r}")
-        self.compression = compression
-
-    def config(self):
-        return {"compression": self.compression}
+    display_name = "BSP"
+    Config = BSPConfig
 
     def transform(self, grads, variables):
-        present = [i for i, g in enumerate(grads) if g is not None]
+        """Return (1/n) sum_i g_i for every present gradient (one fused allreduce, timed by
+        :meth:`hetsync.protocols.base.Protocol.synchronize`)."""
+        present, dense = present_gradients(grads)
         reduced = self.synchronize(
-            lambda ts: transport.allreduce_mean(ts, name="hetsync_bsp", compression=self.compression),
-            [grads[i] for i in present],
-        )
-        out = list(grads)
-        for i, g in zip(present, reduced):
-            out[i] = g
-        return out
+            lambda ts: transport.allreduce_mean(ts, name="hetsync_bsp", compression=self.cfg.compression), dense)
+        return scatter_gradients(grads, present, reduced)
 
 
-def BSP(optimizer, compression="none"):
-    """Wrap a Keras 3 optimizer for bulk-synchronous training (averaged allreduce each step).
+BSP = protocol_wrapper(BSPProtocol, """Wrap a Keras 3 optimizer for bulk-synchronous training (averaged allreduce each step).
 
     Every step, each rank's gradients g_i (float tensors, one per trainable variable, any shape)
     are averaged over the n ranks in one fused horovod ``grouped_allreduce`` and the wrapped
@@ -47,14 +51,13 @@ def BSP(optimizer, compression="none"):
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
-        compression: ``"none"`` (default) or ``"fp16"``: horovod's FP16 wire compression.
+        {args}
 
     Returns:
-        keras.optimizers.Optimizer (a subclass of the given optimizer's class).
+        keras.optimizers.Optimizer (class ``BSP_<optimizer class>``, a subclass of the given one).
 
     Raises:
-        TypeError: ``optimizer`` is not a Keras 3 optimizer instance.
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
         ValueError: unknown ``compression``.
         RuntimeError: :func:`hetsync.init` was not called.
-    """
-    return wrap(optimizer, BSPProtocol(compression=compression))
+    """)

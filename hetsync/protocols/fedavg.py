@@ -8,63 +8,83 @@ aggregation is a masked allreduce: w <- sum_n m_n w_n / sum_n m_n with m_n = 1 f
 Every rank adopts that average (the global model the server of FedAvg would send back), so all
 replicas are identical after each aggregation.
 """
+import dataclasses
+import typing
+
 import keras
 import tensorflow as tf
 
 from .. import runtime
-from .base import wrap
-from .localsgd import PeriodicAveragingProtocol
+from .config import ProtocolConfig, param
+from .periodic import PeriodicAveragingProtocol
+from .wrapper import protocol_wrapper
 
-__all__ = ["FedAvg", "FedAvgProtocol"]
+__all__ = ["FedAvg", "FedAvgProtocol", "FedAvgConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgConfig(ProtocolConfig):
+    """FedAvg's parameters (see :func:`FedAvg`)."""
+
+    owner: typing.ClassVar[str] = "FedAvg"
+
+    fraction: float = param(1.0, "float C in (0, 1], the fraction of ranks (round(C N), at least 1) averaging "
+                                 "in each aggregation.", label="fraction C", gt=0, le=1)
+    syncs_per_epoch: float = param(1.0, "float 1/E > 0, aggregations per epoch at uniform intervals (may be < 1: "
+                                        "once every several epochs).", gt=0, unit="1/E, aggregations per epoch")
+    seed: int = param(0, "int, seeds the participant draws (the same on every rank).")
+    average_at_end: bool = param(
+        False, "bool, average the parameters of all ranks once when training ends "
+               "(:meth:`hetsync.protocols.base.Protocol.average_at_train_end`). Off by default: with an integer "
+               "``syncs_per_epoch`` the last step already averages and every rank adopts the average.")
 
 
 class FedAvgProtocol(PeriodicAveragingProtocol):
     """Periodic masked parameter averaging over a random fraction of ranks (see :func:`FedAvg`)."""
 
     name = "fedavg"
-
-    def __init__(self, fraction=1.0, syncs_per_epoch=1.0, seed=0):
-        super().__init__()
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise ValueError(f"FedAvg: fraction C must be a number in (0, 1], got {fraction!r}")
-        if isinstance(syncs_per_epoch, bool) or not isinstance(syncs_per_epoch, (int, float)) or syncs_per_epoch <= 0:
-            raise ValueError(f"FedAvg: syncs_per_epoch (1/E) must be a positive number, got {syncs_per_epoch!r}")
-        self.fraction, self.syncs_per_epoch, self.seed = float(fraction), float(syncs_per_epoch), int(seed)
-
-    def config(self):
-        return {"fraction": self.fraction, "syncs_per_epoch": self.syncs_per_epoch, "seed": self.seed,
-                "participants": self.participants}
+    display_name = "FedAvg"
+    Config = FedAvgConfig
 
     def build(self):
+        """Sync statistics, the participant count round(C N) (at least 1) and the steps-per-epoch variable."""
         super().build()
-        self.participants = max(1, int(round(self.fraction * runtime.size())))
+        #: ranks averaging in each aggregation, round(C N) (at least 1).
+        self.participants = max(1, int(round(self.cfg.fraction * runtime.size())))
         with tf.init_scope():
             self._steps_per_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_fedavg_spe")
 
     def callbacks(self):
+        """FedAvg's callback reading the steps per epoch at train begin."""
         return [_StepsPerEpoch(self)]
 
+    def summary_stats(self):
+        """:meth:`hetsync.protocols.periodic.PeriodicAveragingProtocol.summary_stats` and ``participants``."""
+        return dict(super().summary_stats(), participants=self.participants)
+
     def should_sync(self, step):
+        """True after the steps where floor(step s / S) increases (s = syncs_per_epoch, S = steps per epoch)."""
         check = tf.debugging.assert_positive(
             self._steps_per_epoch, message="FedAvg: steps per epoch unknown; pass hetsync.callbacks.standard(opt) "
                                            "to model.fit so FedAvg's callback can read them")
         with tf.control_dependencies([check]):
             spe = tf.cast(self._steps_per_epoch, tf.float64)
         g = tf.cast(step, tf.float64)
-        before = tf.floor(g * self.syncs_per_epoch / spe + 1e-9)
-        after = tf.floor((g + 1.0) * self.syncs_per_epoch / spe + 1e-9)
+        before = tf.floor(g * self.cfg.syncs_per_epoch / spe + 1e-9)
+        after = tf.floor((g + 1.0) * self.cfg.syncs_per_epoch / spe + 1e-9)
         return after > before
 
     def round_index(self, step):
         """Aggregation round number (int64 tensor) of the round that closes at 0-based ``step``."""
         spe = tf.cast(self._steps_per_epoch, tf.float64)
-        return tf.cast(tf.floor((tf.cast(step, tf.float64) + 1.0) * self.syncs_per_epoch / spe + 1e-9), tf.int64)
+        return tf.cast(tf.floor((tf.cast(step, tf.float64) + 1.0) * self.cfg.syncs_per_epoch / spe + 1e-9), tf.int64)
 
     def participation(self, step):
+        """This rank's weight (float32 0 or 1) in the round closing at ``step``, or None if all take part."""
         if self.participants >= runtime.size():
             return None
         r = self.round_index(step)
-        keys = tf.random.stateless_uniform([runtime.size()], seed=tf.stack([tf.constant(self.seed, tf.int64), r]))
+        keys = tf.random.stateless_uniform([runtime.size()], seed=tf.stack([tf.constant(self.cfg.seed, tf.int64), r]))
         order = tf.argsort(keys)  # identical on every rank: same seed, same op
         chosen = order[: self.participants]
         return tf.cast(tf.reduce_any(tf.equal(chosen, runtime.rank())), tf.float32)
@@ -85,26 +105,24 @@ class _StepsPerEpoch(keras.callbacks.Callback):
         self.protocol._steps_per_epoch.assign(int(steps))
 
 
-def FedAvg(optimizer, fraction=1.0, syncs_per_epoch=1.0, seed=0):
-    """Wrap a Keras 3 optimizer for FedAvg (C, E): local SGD, averaging among a random fraction C.
+FedAvg = protocol_wrapper(FedAvgProtocol, """Wrap a Keras 3 optimizer for FedAvg (C, E): local SGD, averaging among a random fraction C.
 
     Every rank trains locally; ``syncs_per_epoch`` (= 1/E in the paper's notation; E = 0.25 is 4
     aggregations per epoch) times per epoch, at uniform intervals (after the steps where
     floor(step * s / S) increases, S = steps per epoch), ``round(C N)`` ranks (at least 1) drawn
     identically on every rank average their parameters and every rank adopts the average.
     Optimizer slots stay local. Statistics: ``sync``, ``sync_steps``, ``local_steps``, ``lssr``,
-    ``bytes_sent`` (every rank joins the masked allreduce, so every rank sends the payload).
+    ``bytes_sent`` (every rank joins the masked allreduce, so every rank sends the payload),
+    ``participants``.
 
     Args:
-        optimizer: a Keras 3 optimizer instance. fraction: float C in (0, 1].
-        syncs_per_epoch: float 1/E > 0 (may be < 1: once every several epochs). seed: int, seeds
-            the participant draws.
+        optimizer: a Keras 3 optimizer instance.
+        {args}
 
     Returns:
-        keras.optimizers.Optimizer.
+        keras.optimizers.Optimizer (class ``FedAvg_<optimizer class>``).
 
     Raises:
-        TypeError: not a Keras 3 optimizer. ValueError: C outside (0, 1] or syncs_per_epoch <= 0;
-        at train begin, unknown steps per epoch. RuntimeError: not initialised.
-    """
-    return wrap(optimizer, FedAvgProtocol(fraction=fraction, syncs_per_epoch=syncs_per_epoch, seed=seed))
+        TypeError: not a Keras 3 optimizer, or an unknown argument. ValueError: C outside (0, 1] or
+        syncs_per_epoch <= 0; at train begin, unknown steps per epoch. RuntimeError: not initialised.
+    """)

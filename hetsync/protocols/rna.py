@@ -2,7 +2,8 @@
 
 Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
 Clusters" (Middleware '20), sections 3.1-3.3 and 6 (flat RNA; the hierarchical groups of section 4
-are not implemented here).
+are not implemented here). This module holds the update rule; the controller's initiator choice
+and the message loop are in :mod:`hetsync.protocols.rna_control`.
 
 How one rank works
 ------------------
@@ -10,13 +11,11 @@ How one rank works
   caches this step's gradients g_t for the local iteration t (:func:`hetsync.ops.grad_cache_write`);
   ReadOp returns the newest reduced result if one arrived since the last read, else the local
   gradients (:func:`hetsync.ops.grad_cache_read`); the wrapped optimizer applies what ReadOp returned.
-* **Communication thread** (one per rank, :meth:`RNAProtocol.start` / :meth:`RNAProtocol.stop`):
-  rounds are numbered r = 0, 1, ... A *controller* on rank 0 chooses each round's *initiator* by
-  power-of-d choices (section 3.2): it sends a probe carrying r to ``probes`` random ranks; a probed
-  rank answers "ready" as soon as it has a gradient pending; the first answer wins and the other
-  probes expire. The controller then announces the round to every rank and all ranks join one fused
-  horovod allreduce (same name on every rank) of ``[w_i g'_i, w_i]`` where g'_i is rank i's
-  staleness-weighted accumulation (or the null gradient with w_i = 0), and publish
+* **Communication thread** (one per rank, :meth:`RNAProtocol.start` / :meth:`RNAProtocol.stop`)
+  runs :class:`hetsync.protocols.rna_control.RoundLoop`: the controller on rank 0 chooses each
+  round's initiator by power-of-d choices (section 3.2), and every rank joins each announced round
+  with one fused horovod allreduce (same name on every rank) of ``[w_i g'_i, w_i]`` where g'_i is
+  rank i's staleness-weighted accumulation (or the null gradient with w_i = 0), and publishes
   ``sum_i w_i g'_i / sum_i w_i`` (Algorithm 2, W = 1 / sum w).
 * **Learning-rate scaling** (``scale_lr=True``): gamma_k = (sum_i w_{k,i}) * gamma (linear scaling
   rule, section 3.3), implemented by multiplying the applied gradient by sum(w) (exact for SGD; for
@@ -31,178 +30,116 @@ How one rank works
   distance ||x_r - x_mean|| of a rank's parameters from the mean of the active ranks, every
   ``drift_every`` rounds, and averages the parameters every ``average_every`` rounds (0: never):
   each rank adds ``x_mean - x_r(snapshot)`` to its parameters at its next step, keeping its local
-  progress since the snapshot. ``average_at_end`` averages the final parameters.
+  progress since the snapshot. ``average_at_end`` averages the final parameters. The snapshot is
+  consistent: the step's update (optimizer step and parameter correction) and the snapshot's read
+  of all variables run in one ``tf.CriticalSection``, so the thread never sees a half-updated model.
 * **Termination**: ranks may finish different numbers of steps. A rank whose training ends
   (``stop``) reports "done" to the controller and keeps joining rounds with its leftovers (then the
-  null gradient) until the controller announces the final round, which it does once every rank is
-  done, or once ``finish_timeout_s`` seconds pass without any round while some rank is done (the
-  unfinished ranks are named in a warning and their later gradients counted as unsynchronized).
-  Every wait has a timeout (``timeout_s``) that fails with a message naming what was awaited.
+  null gradient) until the controller announces the final round (see
+  :mod:`hetsync.protocols.rna_control`). Every wait has a timeout (``timeout_s``) that fails with a
+  message naming what was awaited. ``stop`` always gathers every rank's statistics and errors
+  first, then raises the same :class:`RNAError` on every rank if any rank failed, so all ranks end
+  the same way within the protocol's timeouts.
 """
+import dataclasses
 import logging
 import sys
 import threading
 import time
+import typing
 
 import numpy as np
 import tensorflow as tf
 
 from .. import ops, runtime, transport
-from .base import Protocol, average_at_train_end, wrap
+from .base import Protocol
+from .config import ProtocolConfig, param
+from .rna_control import CONTROL, TO_CONTROLLER, Controller, RoundLoop
+from .wrapper import protocol_wrapper
 
-__all__ = ["RNA", "RNAProtocol", "RNAError"]
+__all__ = ["RNA", "RNAProtocol", "RNAConfig", "RNAError"]
 
 log = logging.getLogger("hetsync")
 
-_TAG_CTRL = 7301  # controller -> rank: ("probe", r) | ("round", r, initiator, average, drift) | ("final", reason, error)
-_TAG_TO_CTRL = 7302  # rank -> controller: ("ready", r) | ("done", steps) | ("error", message)
-
-#: per-rank totals gathered at :meth:`RNAProtocol.stop`, in this order (then the staleness histogram).
-_RANK_TOTALS = ("steps", "written", "dropped", "taken", "contributed_rounds", "fresh_reads", "undrained_at_end",
-                "unread_results", "rounds_joined", "probes_answered", "probes_expired")
+#: Python's thread switch interval (seconds) while an RNA communication thread runs (restored at stop).
+SWITCH_INTERVAL_S = 0.0005
 
 
 class RNAError(RuntimeError):
     """RNA's communication failed or timed out (the message says which wait, on which rank)."""
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"RNA: {name} must be an int >= {minimum}, got {value!r}")
+@dataclasses.dataclass(frozen=True)
+class RNAConfig(ProtocolConfig):
+    """RNA's parameters (see :func:`RNA`)."""
 
+    owner: typing.ClassVar[str] = "RNA"
 
-def _check_pos(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"RNA: {name} must be a positive number of seconds/milliseconds, got {value!r}")
-
-
-class _Controller:
-    """Rank 0's controller state (section 3.2): probes, initiator choice, round announcements."""
-
-    def __init__(self, proto, world_size):
-        self.p = proto
-        self.n = world_size
-        self.rng = np.random.default_rng(proto.seed)
-        self.done = {}  # rank -> steps
-        self.probed = []
-        self.probe_t0 = None
-        self.last_progress = time.monotonic()
-        self.final_sent = False
-        self.initiators = [0] * world_size
-        self.response_ms = []
-        self.reprobes = 0
-
-    def active(self):
-        return [r for r in range(self.n) if r not in self.done]
-
-    def send_probes(self):
-        active = self.active()
-        k = min(self.p.probes, len(active))
-        self.probed = sorted(int(r) for r in self.rng.choice(active, size=k, replace=False))
-        self.probe_t0 = time.monotonic()
-        for r in self.probed:
-            self.p._send(r, _TAG_CTRL, ("probe", self.p._round))
-
-    def announce_final(self, reason, error=None):
-        for r in range(self.n):
-            self.p._send(r, _TAG_CTRL, ("final", reason, error))
-        self.final_sent = True
-        self.p._final_reason = reason
-
-    def on_message(self, src, msg):
-        kind = msg[0]
-        if kind == "ready":
-            if msg[1] != self.p._round or self.final_sent:
-                return  # an expired probe's late answer
-            r = self.p._round
-            self.response_ms.append((time.monotonic() - self.probe_t0) * 1e3)
-            self.initiators[src] += 1
-            k = r + 1
-            average = self.p.average_every > 0 and k % self.p.average_every == 0
-            drift = self.p.drift_every > 0 and k % self.p.drift_every == 0
-            for dst in range(self.n):
-                self.p._send(dst, _TAG_CTRL, ("round", r, src, average, drift))
-            self.p._round += 1
-            self.last_progress = time.monotonic()
-            self.send_probes()
-        elif kind == "done":
-            self.done[src] = msg[1]
-            self.last_progress = time.monotonic()
-            if not self.active():
-                self.announce_final("all ranks finished")
-            elif all(r in self.done for r in self.probed):
-                self.reprobes += 1
-                self.send_probes()
-        elif kind == "error":
-            self.announce_final(f"rank {src} failed", error=f"rank {src}: {msg[1]}")
-
-    def check_timeouts(self):
-        if self.final_sent:
-            return
-        idle = time.monotonic() - self.last_progress
-        if self.done and idle > self.p.finish_timeout_s:
-            missing = self.active()
-            reason = (f"ranks {missing} did not finish within finish_timeout_s={self.p.finish_timeout_s:g} s "
-                      f"of the last round while ranks {sorted(self.done)} had finished; final round announced "
-                      f"without them (their later gradients are counted as unsynchronized)")
-            log.warning("hetsync RNA controller: %s", reason)
-            self.announce_final(reason)
-        elif not self.done and time.monotonic() - self.probe_t0 > self.p.timeout_s:
-            error = (f"controller: no probed rank {self.probed} had a gradient ready for round {self.p._round} "
-                     f"within timeout_s={self.p.timeout_s:g} s")
-            self.announce_final("timeout", error=error)
+    probes: int = param(2, "int in [1, max(world size, 2)], ranks probed per round (2: power of two choices; "
+                           "1: a purely random initiator; section 3.2).", ge=1, unit="ranks probed per round")
+    max_staleness: int = param(4, "int >= 0, bound (in local iterations) on the gap between pending gradients; "
+                                  "older ones are dropped and counted. Accumulated gradients get the staleness "
+                                  "weights t - (k - tau) + 1 (section 3.3, :mod:`hetsync.ops` notes).", ge=0,
+                               unit="local iterations")
+    scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
+                                  "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
+    average_every: int = param(10, "int >= 0; average the parameters over the active ranks every that many rounds "
+                                   "(0: never). Every 10 rounds keeps the drift small at the cost of one "
+                                   "parameter-sized allreduce per 10 rounds, off the compute path (README: the drift "
+                                   "grows without it).", ge=0, unit="rounds")
+    drift_every: typing.Optional[int] = param(
+        None, "int >= 0, measure the drift every that many rounds (None: ``average_every``, or 20 if averaging is "
+              "off; 0: never).", ge=0, unit="rounds", none="average_every, or 20 without averaging")
+    average_at_end: bool = param(True, "bool, average the parameters once when training ends so every rank holds "
+                                       "the same final model (the drift before it is reported).")
+    timeout_s: float = param(120.0, "float seconds (> 0): longest wait for a ready initiator or a controller "
+                                    "message.", gt=0, unit="seconds")
+    finish_timeout_s: float = param(60.0, "float seconds (> 0): after some ranks finished, how long the controller "
+                                          "waits without any round before it ends without the unfinished ranks.",
+                                    gt=0, unit="seconds")
+    poll_ms: float = param(1.0, "float milliseconds (> 0): the communication thread's idle wait.", gt=0,
+                           unit="milliseconds")
+    seed: int = param(0, "int >= 0, seed of the controller's probe choices.", ge=0)
 
 
 class RNAProtocol(Protocol):
     """Randomized non-blocking partial allreduce with a host gradient cache (see :func:`RNA`)."""
 
     name = "rna"
+    display_name = "RNA"
+    Config = RNAConfig
     requires_mpi = True
 
-    def __init__(self, probes=2, max_staleness=4, scale_lr=False, average_every=10, drift_every=None,
-                 average_at_end=True, timeout_s=120.0, finish_timeout_s=60.0, poll_ms=1.0, seed=0):
-        super().__init__()
-        _check_int("probes", probes, 1)
-        _check_int("max_staleness", max_staleness, 0)
-        _check_int("average_every", average_every, 0)
-        if drift_every is None:
-            drift_every = average_every if average_every > 0 else 20
-        _check_int("drift_every", drift_every, 0)
-        if not isinstance(scale_lr, bool):
-            raise ValueError(f"RNA: scale_lr must be True or False, got {scale_lr!r}")
-        if not isinstance(average_at_end, bool):
-            raise ValueError(f"RNA: average_at_end must be True or False, got {average_at_end!r}")
-        _check_pos("timeout_s", timeout_s)
-        _check_pos("finish_timeout_s", finish_timeout_s)
-        _check_pos("poll_ms", poll_ms)
-        _check_int("seed", seed, 0)
-        self.probes, self.max_staleness, self.scale_lr = probes, max_staleness, scale_lr
-        self.average_every, self.drift_every, self.average_at_end = average_every, drift_every, average_at_end
-        self.timeout_s, self.finish_timeout_s, self.poll_ms, self.seed = (
-            float(timeout_s), float(finish_timeout_s), float(poll_ms), seed)
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.cfg
+        #: the drift period in use (rounds): ``drift_every``, else ``average_every`` or 20.
+        self.drift_every = c.drift_every if c.drift_every is not None else (c.average_every or 20)
         self._cache = self._pcache = None
-        self.switch_interval_s = 0.0005
         self._vars = None
         self._round = 0
         self._thread = None
         self._summary = {}
+        #: steps this rank ran in the current fit, set when training ends (None while training).
+        self.done_steps = None
 
-    def config(self):
-        return {"probes": self.probes, "max_staleness": self.max_staleness, "scale_lr": self.scale_lr,
-                "average_every": self.average_every, "drift_every": self.drift_every,
-                "average_at_end": self.average_at_end, "timeout_s": self.timeout_s,
-                "finish_timeout_s": self.finish_timeout_s, "poll_ms": self.poll_ms, "seed": self.seed}
+    @property
+    def _done_steps(self):
+        return self.done_steps
 
     # -- life cycle ---------------------------------------------------------------------------------
     def build(self):
+        """Check ``probes`` against the world size; create the statistics, the iteration counter and the
+        critical section shared by the step's update and the communication thread's snapshot."""
         n = runtime.size()
-        if self.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
-            raise ValueError(f"RNA: probes={self.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
+        if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
+            raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
                   "rna_drift", "rna_param_corrections"):
             self.add_stat(s, -1.0 if s == "rna_drift" else 0.0)
         with tf.init_scope():
             self._iteration = tf.Variable(-1, dtype=tf.int64, trainable=False, name="hetsync_rna_iteration")
+            self._section = tf.CriticalSection(name="hetsync_rna_update")
 
     def _create_caches(self):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
@@ -218,55 +155,82 @@ class RNAProtocol(Protocol):
             return
         self._vars = variables
         self._shapes = [tuple(v.shape) for v in variables]
-        self._sizes = [int(np.prod(s)) for s in self._shapes]
-        self._cache = ops.grad_cache_create(self._shapes, self.max_staleness)
-        if self.average_every > 0:
+        self._cache = ops.grad_cache_create(self._shapes, self.cfg.max_staleness)
+        if self.cfg.average_every > 0:
             self._pcache = ops.grad_cache_create(self._shapes, 0)
 
     def start(self):
+        """Create the caches, lower the thread switch interval and start the communication thread."""
         self._create_caches()
         # The communication thread needs the GIL for a few short moments per round; with Python's
         # default 5 ms switch interval each of them can wait 5 ms behind the training loop.
-        if sys.getswitchinterval() > self.switch_interval_s:
-            sys.setswitchinterval(self.switch_interval_s)
-        self._comm = transport.p2p_comm()
+        self._saved_switch_interval = None
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._p2p = transport.dispatcher()
         self._rank, self._n = runtime.rank(), runtime.size()
-        self._reqs = []
         self._error = None
         self._final_reason = None
-        self._done_steps = None
+        self.done_steps = None
         self._steps_at_start = int(self._iteration.numpy())
-        self._local = {"rounds_joined": 0, "contributed_rounds": 0, "probes_answered": 0, "probes_expired": 0,
-                       "staleness": np.zeros(self.max_staleness + 1, np.int64), "contributors": {},
+        self._local = {"rounds_joined": 0, "contributed_rounds": 0,
+                       "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
                        "drift": [], "drift_rel": [], "corrections": 0, "round_ms": []}
-        self._ctl = _Controller(self, self._n) if self._rank == 0 else None
-        self._finished = threading.Event()
+        self._ctl = Controller(self.cfg, self.drift_every, self._n,
+                               lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round) \
+            if self._rank == 0 else None
+        self._loop = RoundLoop(self._p2p, self._rank, self._ctl, self, self.cfg.timeout_s, self.cfg.poll_ms)
         self._thread = threading.Thread(target=self._run, name=f"hetsync-rna-comm-{self._rank}", daemon=True)
         self._thread.start()
 
     def stop(self):
-        """End the communication thread cleanly (see the module notes), then gather statistics.
+        """End the communication thread, gather every rank's statistics and errors, then raise or average.
+
+        Order, the same on every rank: the thread is joined (at most finish_timeout_s + timeout_s +
+        10 seconds; a thread still alive is this rank's error); the two control channels are
+        drained (late messages counted; the other ranks' end markers are awaited 10 s longer than
+        that join); every rank's statistics and error are gathered
+        (:func:`hetsync.transport.allgather_object`); if any rank failed, every rank raises the
+        same :class:`RNAError`; else, with ``average_at_end``, the parameters are averaged. The
+        thread switch interval is restored.
 
         Raises:
-            RNAError: the communication thread failed or did not finish within its timeout.
+            RNAError: the communication thread failed or did not end on some rank (the message
+                names the ranks and their errors); raised on every rank.
         """
         if self._thread is None:
             return
-        self._done_steps = int(self._iteration.numpy()) - self._steps_at_start
-        budget = self.finish_timeout_s + self.timeout_s + 10.0
+        self.done_steps = int(self._iteration.numpy()) - self._steps_at_start
+        budget = self.cfg.finish_timeout_s + self.cfg.timeout_s + 10.0
         self._thread.join(budget)
         thread, self._thread = self._thread, None
-        if thread.is_alive():
-            raise RNAError(f"rank {self._rank}: RNA communication thread did not end within {budget:g} s after "
+        if thread.is_alive() and self._error is None:
+            self._error = (f"rank {self._rank}: RNA communication thread did not end within {budget:g} s after "
                            "training ended (no final round from the controller)")
-        self._gather_summary()
-        if self.average_at_end:
-            self._average_parameters_now()
-        if self._error:
-            raise RNAError(self._error)
+        if self._saved_switch_interval is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+            sys.setswitchinterval(self._saved_switch_interval)
+        if self._ctl is not None:
+            self._round = self._ctl.round
+        late = {}
+        for channel in (CONTROL, TO_CONTROLLER):  # every rank drains once its own join is over
+            try:
+                late[channel] = self._p2p.drain(channel, timeout_s=budget + 10.0)
+            except transport.TransportTimeout as exc:
+                late[channel] = None
+                self._error = self._error or f"rank {self._rank}: {exc}"
+        self._gather_summary(late)
+        errors = [(d["rank"], d["error"]) for d in self._summary["per_rank"] if d["error"]]
+        if errors:
+            raise RNAError("RNA failed on rank(s) " + ", ".join(str(r) for r, _ in errors) + ": "
+                           + "; ".join(sorted({e for _, e in errors})))
+        super().stop()
+        self._summary.update(self._final)
 
     # -- the compute step -----------------------------------------------------------------------------
     def apply(self, grads, variables, local_apply):
+        """WriteOp, ReadOp, then the update (the wrapped optimizer's step with the read gradients, and
+        a pending parameter correction) inside the critical section shared with the snapshot."""
         if self._cache is None:
             raise RuntimeError("RNA: the step ran before train begin; pass hetsync.callbacks.standard(opt) "
                                "to model.fit")
@@ -277,109 +241,77 @@ class RNAProtocol(Protocol):
         dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
-        if self.scale_lr:
+        if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
         st = self._stats
         st["rna_fresh"].assign(tf.cast(fresh, tf.float64))
         st["rna_round"].assign(tf.cast(round_id, tf.float64))
         st["rna_contributors"].assign(tf.cast(wsum, tf.float64))
         st["rna_dropped"].assign(tf.cast(dropped, tf.float64))
-        result = local_apply(outs, variables)
         if self._pcache is not None:
             zeros = [tf.zeros(s, tf.float32) for s in self._shapes]
             deltas, pfresh, _, _ = ops.grad_cache_read(self._pcache, zeros, it)
+        result = []
 
-            def correct():
-                for v, d in zip(variables, deltas):
-                    v.assign_add(d)
-                st["rna_param_corrections"].assign_add(tf.constant(1.0, tf.float64))
-                return tf.constant(True)
+        def update():
+            result.append(local_apply(outs, variables))
+            if self._pcache is not None:
+                def correct():
+                    for v, d in zip(variables, deltas):
+                        v.assign_add(d)
+                    st["rna_param_corrections"].assign_add(tf.constant(1.0, tf.float64))
+                    return tf.constant(True)
 
-            tf.cond(pfresh, correct, lambda: tf.constant(False))
-        return result
+                tf.cond(pfresh, correct, lambda: tf.constant(False))
+            # Reading every variable last makes the critical section's release wait for their updates.
+            return [tf.identity(v.value) for v in variables]
 
-    # -- the communication thread --------------------------------------------------------------------
-    def _send(self, dst, tag, msg):
-        self._reqs.append(self._comm.isend(msg, dest=dst, tag=tag))
-        if len(self._reqs) > 64:
-            self._reqs = [r for r in self._reqs if not r.Test()]
+        self._section.execute(update)
+        return result[0]
+
+    def snapshot(self):
+        """Return this rank's parameters as one flat float32 array, read consistently (never during a
+        step's update: inside the critical section the step's update also runs in)."""
+        values = self._section.execute(lambda: [tf.identity(v.value) for v in self._vars])
+        return np.concatenate([np.ravel(np.asarray(v, np.float32)) for v in values])
+
+    # -- the communication thread (the participant side of rna_control.RoundLoop) ---------------------
+    def gradient_pending(self, timeout_ms):
+        """Block up to ``timeout_ms`` milliseconds until a gradient is cached; return bool."""
+        return bool(ops.grad_cache_wait(self._cache, timeout_ms))
 
     def _set_stat(self, name, value):
         self._stats[name].assign(float(value))
 
     def _run(self):
         try:
-            self._loop()
+            self._loop.run()
+            self._final_reason = self._loop.final_reason
+            if self._loop.error and not self._error:
+                self._error = self._loop.error
         except Exception as exc:  # noqa: BLE001 - reported at stop() and to the controller
             self._error = f"rank {self._rank}: RNA communication thread failed: {exc!r}"
+            self._final_reason = "error"
             log.error("hetsync %s", self._error)
             try:
                 if self._ctl is not None and not self._ctl.final_sent:
                     self._ctl.announce_final("error", error=self._error)
                 else:
-                    self._send(0, _TAG_TO_CTRL, ("error", self._error))
-            except Exception:  # noqa: BLE001
+                    self._loop.send_to_controller(("error", self._error))
+            except Exception:  # noqa: BLE001 - the error is reported at stop() in any case
                 pass
         finally:
-            for r in self._reqs:
-                try:
-                    r.wait()
-                except Exception:  # noqa: BLE001
-                    pass
-            self._reqs = []
-            self._finished.set()
+            try:
+                self._p2p.flush(self.cfg.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - counted by the dispatcher, reported here
+                log.warning("hetsync rank %d: RNA messages not delivered at the end: %s", self._rank, exc)
 
-    def _loop(self):
-        from mpi4py import MPI
+    def join_round(self, round_id, initiator, average, drift):
+        """Join round ``round_id``: take the pending accumulation (or the null gradient), allreduce
+        ``[w g', w]`` with every rank, publish the result (Algorithm 2); then the parameter round if
+        the controller asked for it (``average``/``drift``: bools)."""
+        import time
 
-        comm, status = self._comm, MPI.Status()
-        probe = None
-        sent_done = False
-        last_heard = time.monotonic()
-        worker_timeout = self.timeout_s * 1.5 + 5.0
-        if self._ctl is not None:
-            self._ctl.send_probes()
-        while True:
-            progressed = False
-            if self._ctl is not None:
-                while comm.iprobe(source=MPI.ANY_SOURCE, tag=_TAG_TO_CTRL, status=status):
-                    src = status.Get_source()
-                    self._ctl.on_message(src, comm.recv(source=src, tag=_TAG_TO_CTRL))
-                self._ctl.check_timeouts()
-            while comm.iprobe(source=0, tag=_TAG_CTRL, status=status):
-                msg = comm.recv(source=0, tag=_TAG_CTRL)
-                last_heard = time.monotonic()
-                progressed = True
-                if msg[0] == "probe":
-                    probe = msg[1]
-                elif msg[0] == "round":
-                    if probe is not None and probe <= msg[1]:
-                        probe = None
-                        self._local["probes_expired"] += 1
-                    self._join_round(*msg[1:])
-                else:  # final
-                    self._final_reason = msg[1]
-                    if msg[2] and not self._error:
-                        self._error = msg[2]
-                    return
-            if probe is not None and bool(ops.grad_cache_wait(self._cache, 0.0)):
-                self._send(0, _TAG_TO_CTRL, ("ready", probe))
-                self._local["probes_answered"] += 1
-                probe = None
-            if self._done_steps is not None and not sent_done:
-                self._send(0, _TAG_TO_CTRL, ("done", self._done_steps))
-                sent_done = True
-            if time.monotonic() - last_heard > worker_timeout:
-                raise RNAError(f"rank {self._rank}: no message from the RNA controller (rank 0) for "
-                               f"{worker_timeout:g} s (timeout_s={self.timeout_s:g})")
-            if progressed:
-                continue
-            if probe is not None and self._done_steps is None:
-                ops.grad_cache_wait(self._cache, self.poll_ms)  # wakes at once when the step writes
-            else:
-                time.sleep(self.poll_ms / 1e3)
-
-    def _join_round(self, round_id, initiator, average, drift):
         t0 = time.monotonic()
         flat, its, _ = ops.grad_cache_take(self._cache)
         its = its.numpy()
@@ -399,21 +331,16 @@ class RNAProtocol(Protocol):
         if average or drift:
             self._parameter_round(round_id, average)
 
-    def _snapshot(self):
-        return np.concatenate([np.ravel(np.asarray(v.numpy(), np.float32)) for v in self._vars])
-
     def _parameter_round(self, round_id, average):
         """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
-        x = self._snapshot()
-        active = 1.0 if self._done_steps is None else 0.0
+        x = self.snapshot()
+        active = 1.0 if self.done_steps is None else 0.0
         s = transport.allreduce_sum([tf.constant(np.append(x * active, active).astype(np.float32))],
                                     name="hetsync_rna_params")[0].numpy()
         if s[-1] <= 0:
             return
         mean = s[:-1] / s[-1]
-        dist = float(np.linalg.norm(x - mean)) if active else -1.0
-        dists = transport.allgather(tf.constant([dist], tf.float64), name="hetsync_rna_drift").numpy()
-        drift = float(dists.max())
+        drift = self.parameter_drift(x, mean, name="hetsync_rna_drift", active=bool(active))
         self._local["drift"].append((round_id, drift))
         self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean)), 1e-12))
         self._set_stat("rna_drift", drift)
@@ -421,27 +348,19 @@ class RNAProtocol(Protocol):
             ops.grad_cache_publish(self._pcache, np.append(mean - x, 1.0).astype(np.float32), round_id)
             self._local["corrections"] += 1
 
-    def _average_parameters_now(self):
-        """End of training (main thread, all ranks): average the parameters, record the drift before."""
-        final = average_at_train_end(self, "hetsync_rna")
-        self._summary["drift_before_final_average"] = final["drift_before_final_average"]
-
     # -- statistics -----------------------------------------------------------------------------------
-    def _gather_summary(self):
+    def _gather_summary(self, late):
         st = ops.grad_cache_status(self._cache)
         loc = self._local
-        undrained = st["written"] - st["taken"] - st["dropped"]
-        unread = max(0, st["newest_round"] - st["last_read_round"]) if st["newest_round"] >= 0 else 0
-        mine = [self._done_steps, st["written"], st["dropped"], st["taken"], loc["contributed_rounds"],
-                st["fresh_reads"], undrained, unread, loc["rounds_joined"], loc["probes_answered"],
-                loc["probes_expired"]] + loc["staleness"].tolist()
-        rows = transport.allgather(tf.constant([mine], tf.float64), name="hetsync_rna_totals").numpy()
-        per_rank = []
-        for r, row in enumerate(rows):
-            d = {k: int(v) for k, v in zip(_RANK_TOTALS, row)}
-            d["rank"] = r
-            d["staleness_histogram"] = [int(v) for v in row[len(_RANK_TOTALS):]]
-            per_rank.append(d)
+        mine = {"rank": self._rank, "steps": self.done_steps, "written": st["written"], "dropped": st["dropped"],
+                "taken": st["taken"], "contributed_rounds": loc["contributed_rounds"],
+                "fresh_reads": st["fresh_reads"], "undrained_at_end": st["written"] - st["taken"] - st["dropped"],
+                "unread_results": (max(0, st["newest_round"] - st["last_read_round"])
+                                   if st["newest_round"] >= 0 else 0),
+                "rounds_joined": loc["rounds_joined"], "probes_answered": self._loop.probes_answered,
+                "probes_expired": self._loop.probes_expired, "late_messages": late,
+                "staleness_histogram": [int(v) for v in loc["staleness"]], "error": self._error}
+        per_rank = transport.allgather_object(mine, name="hetsync_rna_totals")
         hist = np.sum([d["staleness_histogram"] for d in per_rank], axis=0).astype(int).tolist()
         rounds = loc["rounds_joined"]
         contrib = loc["contributors"]
@@ -457,6 +376,7 @@ class RNAProtocol(Protocol):
             "unsynchronized_gradients": sum(d["written"] - d["taken"] for d in per_rank),
             "unread_results": sum(d["unread_results"] for d in per_rank),
             "fresh_fraction": (sum(d["fresh_reads"] for d in per_rank) / max(1, sum(d["steps"] for d in per_rank))),
+            "drift_every": self.drift_every,
             "drift_max": max((d for _, d in loc["drift"]), default=None),
             "drift_last": loc["drift"][-1][1] if loc["drift"] else None,
             "drift_relative_max": max(loc["drift_rel"], default=None),
@@ -478,12 +398,12 @@ class RNAProtocol(Protocol):
         self._summary = s
 
     def summary_stats(self):
+        """End-of-run statistics (see the README's RNA section): rounds, contributors, initiators,
+        probe response times, staleness histogram, dropped/undrained gradients, drift, per-rank totals."""
         return dict(self._summary) if self._summary else super().summary_stats()
 
 
-def RNA(optimizer, probes=2, max_staleness=4, scale_lr=False, average_every=10, drift_every=None,
-        average_at_end=True, timeout_s=120.0, finish_timeout_s=60.0, poll_ms=1.0, seed=0):
-    """Wrap a Keras 3 optimizer for RNA: randomized non-blocking partial allreduce (RNA sections 3, 6).
+RNA = protocol_wrapper(RNAProtocol, """Wrap a Keras 3 optimizer for RNA: randomized non-blocking partial allreduce (RNA sections 3, 6).
 
     The compute step never waits for the network: it caches its gradients (WriteOp) and applies the
     newest averaged result if one arrived since the last step, else its own gradients (ReadOp). A
@@ -494,36 +414,14 @@ def RNA(optimizer, probes=2, max_staleness=4, scale_lr=False, average_every=10, 
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
-        probes: int in [1, max(world size, 2)], ranks probed per round (2: power of two choices; 1: a purely
-            random initiator).
-        max_staleness: int >= 0, bound (in local iterations) on the gap between pending gradients;
-            older ones are dropped and counted. Accumulated gradients get the staleness weights
-            t - (k - tau) + 1 (:mod:`hetsync.ops` notes).
-        scale_lr: bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a
-            per-rank rate, about gamma_BSP / n); False (default) applies every gradient with gamma.
-        average_every: int >= 0; average the parameters over the active ranks every that many rounds
-            (0: never). Default 10: see the README (drift grows without it; every 10 rounds keeps it
-            small at the cost of one parameter-sized allreduce per 10 rounds, off the compute path).
-        drift_every: int >= 0, measure the drift every that many rounds (default: ``average_every``,
-            or 20 if averaging is off; 0: never).
-        average_at_end: bool, average the parameters once when training ends so every rank holds
-            the same final model (the drift before it is reported).
-        timeout_s: float seconds (> 0): longest wait for a ready initiator or a controller message.
-        finish_timeout_s: float seconds (> 0): after some ranks finished, how long the controller
-            waits without any round before it ends without the unfinished ranks.
-        poll_ms: float milliseconds (> 0): polling period of the communication thread.
-        seed: int >= 0, seed of the controller's probe choices.
+        {args}
 
     Returns:
-        keras.optimizers.Optimizer (a subclass of the given optimizer's class).
+        keras.optimizers.Optimizer (class ``RNA_<optimizer class>``, a subclass of the given one).
 
     Raises:
-        TypeError: ``optimizer`` is not a Keras 3 optimizer instance.
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
         ValueError: an argument out of range (the message names it and what is allowed), or
             ``probes`` larger than the world size.
         RuntimeError: hetsync not initialised, or launched under Gloo (RNA needs MPI).
-    """
-    return wrap(optimizer, RNAProtocol(probes=probes, max_staleness=max_staleness, scale_lr=scale_lr,
-                                       average_every=average_every, drift_every=drift_every,
-                                       average_at_end=average_at_end, timeout_s=timeout_s,
-                                       finish_timeout_s=finish_timeout_s, poll_ms=poll_ms, seed=seed))
+    """)

@@ -17,16 +17,20 @@ delta = 0 is BSP (every step synchronizes); a delta above every d never synchron
 first step (local SGD). Data: SelDP order by default (section III-D), data injection (alpha,
 beta) for non-IID data (section III-E, eq. 3), see :mod:`hetsync.partition`.
 """
+import dataclasses
+import typing
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from .. import data as hdata
 from .. import partition, runtime, transport
-from .base import Protocol, average_at_train_end, wrap
-from .localsgd import add_sync_stats, average_parameters, payload_bytes, record_step
+from .base import Protocol, payload_bytes, present_gradients, scatter_gradients
+from .config import ProtocolConfig, param
+from .wrapper import protocol_wrapper
 
-__all__ = ["SelSync", "SelSyncProtocol", "ewma_reference"]
+__all__ = ["SelSync", "SelSyncProtocol", "SelSyncConfig", "ewma_reference"]
 
 AGGREGATIONS = ("parameter", "gradient")
 DATA_ORDERS = ("seldp", "defdp")
@@ -53,78 +57,96 @@ def ewma_reference(sq_norms, window=25, smoothing=0.04):
     return e, d
 
 
+@dataclasses.dataclass(frozen=True)
+class SelSyncConfig(ProtocolConfig):
+    """SelSync's parameters (see :func:`SelSync`)."""
+
+    owner: typing.ClassVar[str] = "SelSync"
+
+    delta: float = param(0.3, "float >= 0, threshold on the relative gradient change d (eq. 2); 0 = BSP, a very "
+                              "large (or infinite) delta = local SGD after the first step.", ge=0, allow_inf=True,
+                         unit="threshold on the relative gradient change")
+    aggregation: typing.Literal["parameter", "gradient"] = param(
+        "parameter", "``\"parameter\"`` (PA, default: local step, then the parameters are averaged) or "
+                     "``\"gradient\"`` (GA: averaged gradients, then the step) (section III-C).")
+    ewma_window: int = param(25, "int W >= 1, steps in the smoothing window (paper: 25, section III-A).", ge=1,
+                             unit="steps")
+    smoothing: typing.Optional[float] = param(
+        None, "float a in (0, 1], EWMA smoothing factor; None = N/100 (paper, section III-A).", gt=0, le=1,
+        none="N/100")
+    data_order: typing.Literal["seldp", "defdp"] = param(
+        "seldp", "``\"seldp\"`` (each rank walks all partitions starting at its own, section III-D) or "
+                 "``\"defdp\"`` (the usual disjoint shard).")
+    alpha: float = param(0.0, "float in [0, 1], fraction of ranks injecting per step (section III-E).", ge=0, le=1,
+                         unit="fraction of ranks injecting per step")
+    beta: float = param(0.0, "float in [0, 1], fraction of b' each injector shares.", ge=0, le=1,
+                        unit="fraction of the local batch each injector shares")
+    inject_timeout_s: float = param(120.0, "float seconds (> 0) a rank waits for injected samples before failing.",
+                                    gt=0, unit="seconds")
+    average_at_end: bool = param(
+        True, "bool, average the parameters once when training ends "
+              "(:meth:`hetsync.protocols.base.Protocol.average_at_train_end`), so every rank holds the same final "
+              "model although the last steps were local; the drift before it is reported as "
+              "``drift_before_final_average``. Not counted as a step (LSSR unchanged).")
+
+
 class SelSyncProtocol(Protocol):
     """Selective synchronization (see :func:`SelSync`)."""
 
     name = "selsync"
+    display_name = "SelSync"
+    Config = SelSyncConfig
 
-    def __init__(self, delta=0.3, aggregation="parameter", ewma_window=25, smoothing=None, data_order="seldp",
-                 alpha=0.0, beta=0.0, inject_timeout_s=120.0, average_at_end=True):
-        super().__init__()
-        if not isinstance(average_at_end, bool):
-            raise ValueError(f"SelSync: average_at_end must be True or False, got {average_at_end!r}")
-        self.average_at_end = average_at_end
-        self._final = {}
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not delta >= 0:
-            raise ValueError(f"SelSync: delta must be a number >= 0 (threshold on the relative gradient change), "
-                             f"got {delta!r}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"SelSync: aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        if isinstance(ewma_window, bool) or not isinstance(ewma_window, int) or ewma_window < 1:
-            raise ValueError(f"SelSync: ewma_window must be an int >= 1 (steps), got {ewma_window!r}")
-        if smoothing is not None and (isinstance(smoothing, bool) or not isinstance(smoothing, (int, float))
-                                      or not 0 < smoothing <= 1):
-            raise ValueError(f"SelSync: smoothing must be None (N/100) or a number in (0, 1], got {smoothing!r}")
-        if data_order not in DATA_ORDERS:
-            raise ValueError(f"SelSync: data_order must be one of {DATA_ORDERS}, got {data_order!r}")
-        partition._check_injection(alpha, beta)
-        if not isinstance(inject_timeout_s, (int, float)) or inject_timeout_s <= 0:
-            raise ValueError(f"SelSync: inject_timeout_s must be a positive number of seconds, got {inject_timeout_s!r}")
-        self.delta, self.aggregation, self.ewma_window = float(delta), aggregation, ewma_window
-        self._smoothing_arg, self.data_order = smoothing, data_order
-        self.alpha, self.beta, self.inject_timeout_s = float(alpha), float(beta), float(inject_timeout_s)
-        self.injecting = self.alpha > 0 and self.beta > 0
-        self.requires_mpi = self.injecting  # data injection uses mpi4py point-to-point
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.injecting = self.cfg.alpha > 0 and self.cfg.beta > 0
+        self.requires_mpi = self.injecting  # data injection uses point-to-point messages
+        #: the EWMA smoothing factor in use (float; N/100 when the config says None), set by :meth:`build`.
+        self.smoothing = None
         self.dataset = None
         self.batch_size_local = self.batch_size_effective = None
         #: where the data came from: data_order for fit_data, "local" for fit_local_data (non-IID).
         self.data_source = None
-
-    def config(self):
-        return {"delta": self.delta, "aggregation": self.aggregation, "ewma_window": self.ewma_window,
-                "smoothing": self.smoothing, "data_order": self.data_order, "alpha": self.alpha, "beta": self.beta,
-                "batch_size_local": self.batch_size_local, "batch_size_effective": self.batch_size_effective,
-                "data_source": self.data_source, "average_at_end": self.average_at_end}
+        self._inject_per_rank = None
 
     # -- state ------------------------------------------------------------------------------------
     def build(self):
+        """Resolve the smoothing factor, create the statistics and the EWMA window variables."""
         n = runtime.size()
-        self.smoothing = float(self._smoothing_arg) if self._smoothing_arg is not None else min(1.0, n / 100.0)
-        add_sync_stats(self)
+        self.smoothing = self.cfg.smoothing if self.cfg.smoothing is not None else min(1.0, n / 100.0)
+        self.add_sync_stats()
         for stat in ("d", "flag", "flags_set", "ewma", "grad_sq_norm", "flag_exchanges", "inject_sent_bytes",
                      "inject_received_samples"):
             self.add_stat(stat)
         with tf.init_scope():
-            self._window = tf.Variable(tf.zeros([self.ewma_window], tf.float64), trainable=False,
+            self._window = tf.Variable(tf.zeros([self.cfg.ewma_window], tf.float64), trainable=False,
                                        name="hetsync_selsync_window")
             self._seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_selsync_seen")
-        self._weights = tf.constant((1.0 - self.smoothing) ** np.arange(self.ewma_window), tf.float64)
+        self._weights = tf.constant((1.0 - self.smoothing) ** np.arange(self.cfg.ewma_window), tf.float64)
 
     def callbacks(self):
+        """With data injection: the callback copying its counters into the step statistics."""
         return [_InjectionStats(self)] if self.injecting else []
 
     def stop(self):
+        """End the data injection (drained and counted on every rank, then gathered), then the base's
+        end-of-training average."""
         if isinstance(self.dataset, partition.InjectionDataset):
             self.dataset.close()
-        if self.average_at_end:
-            self._final = average_at_train_end(self, "hetsync_selsync")
+            self._inject_per_rank = transport.allgather_object(self.dataset.stats(), name="hetsync_selsync_inject")
+        super().stop()
 
     def summary_stats(self):
-        st = self.step_stats()
-        out = {"syncs": int(st["syncs"]), "sync_steps": int(st["sync_steps"]), "local_steps": int(st["local_steps"]),
-               "lssr": st["lssr"], "bytes_sent": int(st["bytes_sent"]), "flag_exchanges": int(st["flag_exchanges"])}
+        """End-of-run statistics: the sync figures, ``flag_exchanges``, the resolved data settings
+        (``smoothing``, ``batch_size_local``, ``batch_size_effective``, ``data_source``), this rank's
+        injection counters (``inject_*``) and every rank's (``inject_per_rank``), the final average."""
+        out = dict(self.sync_summary(), flag_exchanges=int(self.step_stats()["flag_exchanges"]),
+                   smoothing=self.smoothing, batch_size_local=self.batch_size_local,
+                   batch_size_effective=self.batch_size_effective, data_source=self.data_source)
         if isinstance(self.dataset, partition.InjectionDataset):
             out.update(self.dataset.stats())
+            if self._inject_per_rank is not None:
+                out["inject_per_rank"] = self._inject_per_rank
         out.update(self._final)
         return out
 
@@ -137,16 +159,16 @@ class SelSyncProtocol(Protocol):
         if not self.injecting:
             self.batch_size_local = self.batch_size_effective = int(batch_size)
             return int(batch_size)
-        b_local = partition.local_batch_size(int(batch_size), self.alpha, self.beta, n)
-        s = partition.shared_per_injector(b_local, self.beta)
+        b_local = partition.local_batch_size(int(batch_size), self.cfg.alpha, self.cfg.beta, n)
+        s = partition.shared_per_injector(b_local, self.cfg.beta)
         self.batch_size_local = b_local
-        self.batch_size_effective = b_local + partition.num_injectors(self.alpha, n) * s
+        self.batch_size_effective = b_local + partition.num_injectors(self.cfg.alpha, n) * s
         return b_local
 
     def _dataset(self, x, y, sampler, seed):
         if self.injecting:
-            self.dataset = partition.InjectionDataset(x, y, sampler, self.alpha, self.beta, seed=seed,
-                                                      timeout_s=self.inject_timeout_s)
+            self.dataset = partition.InjectionDataset(x, y, sampler, self.cfg.alpha, self.cfg.beta, seed=seed,
+                                                      timeout_s=self.cfg.inject_timeout_s)
         else:
             self.dataset = partition.BatchDataset(x, y, sampler)
         self.samples_per_epoch = sampler.steps_per_pass * self.batch_size_effective
@@ -172,9 +194,9 @@ class SelSyncProtocol(Protocol):
             ValueError: bad batch size (including a batch larger than a partition).
         """
         b_local = self._local_batch(batch_size)
-        self.data_source = self.data_order
+        self.data_source = self.cfg.data_order
         n, r = runtime.size(), runtime.rank()
-        if self.data_order == "seldp":
+        if self.cfg.data_order == "seldp":
             return self._dataset(x, y, partition.SelDPSampler(len(x), r, n, b_local, seed=seed), seed)
         if not self.injecting:
             return super().fit_data(x, y, batch_size, seed=seed)
@@ -208,8 +230,8 @@ class SelSyncProtocol(Protocol):
                        for g in grads if g is not None])
         seen = self._seen.read_value()
         window = tf.concat([tf.reshape(sq, [1]), self._window.read_value()[:-1]], 0)
-        m = tf.minimum(seen + 1, self.ewma_window)
-        w = self._weights * tf.cast(tf.range(self.ewma_window, dtype=tf.int64) < m, tf.float64)
+        m = tf.minimum(seen + 1, self.cfg.ewma_window)
+        w = self._weights * tf.cast(tf.range(self.cfg.ewma_window, dtype=tf.int64) < m, tf.float64)
         e = tf.reduce_sum(w * window) / tf.reduce_sum(w)
         prev = self._stats["ewma"].read_value()
         first = tf.equal(seen, 0)
@@ -220,39 +242,36 @@ class SelSyncProtocol(Protocol):
             return tf.identity(d), e, sq, first
 
     def apply(self, grads, variables, local_apply):
+        """One step of Algorithm 1: the flag exchange, then a synchronized (PA or GA) or a local step."""
         st = self._stats
         d, e, sq, first = self.relative_change(grads)
-        flag = tf.logical_or(first, d >= self.delta)
+        flag = tf.logical_or(first, d >= self.cfg.delta)
         flags_set = transport.allreduce_sum([tf.reshape(tf.cast(flag, tf.float32), [1])], name="hetsync_selsync_flag")[0][0]
         synced = flags_set > 0.5
         bookkeeping = [st["d"].assign(d), st["ewma"].assign(e), st["grad_sq_norm"].assign(sq),
                        st["flag"].assign(tf.cast(flag, tf.float64)), st["flags_set"].assign(tf.cast(flags_set, tf.float64)),
                        st["flag_exchanges"].assign_add(1.0)]
         flag_bytes = 4.0
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if self.aggregation == "gradient":
-            dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        if self.cfg.aggregation == "gradient":
+            present, dense = present_gradients(grads)
             nbytes = float(payload_bytes(dense))
 
             def ga_sync():
                 return self.synchronize(lambda ts: transport.allreduce_mean(ts, name="hetsync_selsync_ga"), dense)
 
             new = tf.cond(synced, ga_sync, lambda: [tf.identity(g) for g in dense])
-            out = list(grads)
-            for i, g in zip(present, new):
-                out[i] = g
-            result = local_apply(out, variables)
+            result = local_apply(scatter_gradients(grads, present, new), variables)
         else:
             result = local_apply(grads, variables)
             nbytes = float(payload_bytes([tf.convert_to_tensor(v.value) for v in variables]))
 
             def pa_sync():
-                with tf.control_dependencies(average_parameters(self, variables, name="hetsync_selsync_pa")):
+                with tf.control_dependencies(self.average_parameters(variables, name="hetsync_selsync_pa")):
                     return tf.constant(True)
 
             tf.cond(synced, pa_sync, lambda: tf.constant(False))
         sent = tf.where(synced, tf.constant(nbytes + flag_bytes, tf.float64), tf.constant(flag_bytes, tf.float64))
-        with tf.control_dependencies(bookkeeping + record_step(self, synced, sent)):
+        with tf.control_dependencies(bookkeeping + self.record_step(synced, sent)):
             tf.no_op()
         return result
 
@@ -271,9 +290,7 @@ class _InjectionStats(keras.callbacks.Callback):
             self.protocol._stats["inject_received_samples"].assign(float(ds.received_samples))
 
 
-def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoothing=None, data_order="seldp",
-            alpha=0.0, beta=0.0, inject_timeout_s=120.0, average_at_end=True):
-    """Wrap a Keras 3 optimizer for SelSync: synchronize only when the gradients change a lot.
+SelSync = protocol_wrapper(SelSyncProtocol, """Wrap a Keras 3 optimizer for SelSync: synchronize only when the gradients change a lot.
 
     Each step, each rank smooths its squared gradient norm ||g_i||^2 (sum over all gradient
     tensors, float64) with an EWMA over the last ``ewma_window`` steps and computes the relative
@@ -294,31 +311,18 @@ def SelSync(optimizer, delta=0.3, aggregation="parameter", ewma_window=25, smoot
     Data (:meth:`SelSyncProtocol.fit_data`): ``data_order="seldp"`` (section III-D, default) or
     ``"defdp"``; non-IID local data through :meth:`SelSyncProtocol.fit_local_data`. Data injection
     (alpha, beta) (section III-E): each step ceil(alpha N) ranks, drawn identically on all ranks,
-    share round(beta b') samples with every other rank over mpi4py; the local batch is
+    share round(beta b') samples with every other rank (point-to-point channel
+    ``selsync.inject``); the local batch is
     b' = b / (1 + alpha beta N) (eq. 3). Needs an MPI launch when alpha, beta > 0.
 
     Args:
         optimizer: a Keras 3 optimizer instance.
-        delta: float >= 0, threshold on d (0 = BSP).
-        aggregation: ``"parameter"`` (PA, default) or ``"gradient"`` (GA).
-        ewma_window: int W >= 1, steps in the smoothing window (paper: 25).
-        smoothing: float a in (0, 1], EWMA smoothing factor; None = N/100 (paper, section III-A).
-        data_order: ``"seldp"`` or ``"defdp"``.
-        alpha: float in [0, 1], fraction of ranks injecting per step. beta: float in [0, 1],
-            fraction of b' each injector shares.
-        inject_timeout_s: float seconds a rank waits for injected samples before failing.
-        average_at_end: bool, average the parameters once when training ends
-            (:func:`hetsync.protocols.base.average_at_train_end`), so every rank holds the same
-            final model although the last steps were local; the drift before it is reported as
-            ``drift_before_final_average``. Not counted as a step (LSSR unchanged).
+        {args}
 
     Returns:
-        keras.optimizers.Optimizer.
+        keras.optimizers.Optimizer (class ``SelSync_<optimizer class>``).
 
     Raises:
-        TypeError: not a Keras 3 optimizer. ValueError: any argument outside the ranges above.
-        RuntimeError: not initialised, or injection requested under Gloo.
-    """
-    return wrap(optimizer, SelSyncProtocol(delta=delta, aggregation=aggregation, ewma_window=ewma_window,
-                                           smoothing=smoothing, data_order=data_order, alpha=alpha, beta=beta,
-                                           inject_timeout_s=inject_timeout_s, average_at_end=average_at_end))
+        TypeError: not a Keras 3 optimizer, or an unknown argument. ValueError: any argument outside
+        the ranges above. RuntimeError: not initialised, or injection requested under Gloo.
+    """)

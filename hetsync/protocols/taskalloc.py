@@ -2,7 +2,9 @@
 
 Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
 Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
-self-adaptive allocation); GUIDE section 2.
+self-adaptive allocation); GUIDE section 2. The allocation arithmetic (eq. 10, rounding, plans,
+efficiency) is in :mod:`hetsync.protocols.allocation`; this module holds the protocol, its data
+plumbing (per-epoch plans read by Keras' prefetching thread) and its callback.
 
 Units: b = the run's per-rank batch size in samples (what BSP trains on per rank and step, the
 ``batch_size`` of :meth:`TaskAllocationProtocol.fit_data`); a *micro-batch* is mb samples; w_i
@@ -37,24 +39,25 @@ gradients), with activation memory for w_i x mb samples instead of mb. Every ran
 the same number of steps per epoch, joins the same collectives, and sees the same epoch
 boundaries and callbacks, whatever its w_i.
 """
+import dataclasses
 import logging
-import math
-import numbers
 import threading
 import time
+import typing
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from .. import partition, runtime, transport
-from .base import Protocol, wrap
+from .allocation import (adapt_allocation, allocation_change, default_micro_batch, epoch_indices,  # noqa: F401
+                         heterogeneity_efficiency, plan_rounds, predicted_gain, round_allocation)
+from . import _checks
+from .base import Protocol, present_gradients, scatter_gradients
+from .config import ProtocolConfig, param
+from .wrapper import protocol_wrapper
 
-__all__ = [
-    "TaskAllocation", "TaskAllocationProtocol", "AllocatedData", "round_allocation", "plan_rounds",
-    "epoch_indices", "adapt_allocation", "allocation_change", "predicted_gain", "heterogeneity_efficiency",
-    "default_micro_batch", "MODES",
-]
+__all__ = ["TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig", "AllocatedData", "MODES"]
 
 log = logging.getLogger("hetsync")
 
@@ -64,217 +67,6 @@ MODES = ("static", "adaptive")
 #: so eq. (10) can express any speed ratio down to single samples (with C = 8 n, ``speeds:1,1,1,0.5``
 #: rounds to [9, 9, 9, 5] and the slow rank's extra micro-batch caps E at 0.91).
 ADAPTIVE_DEFAULT_UNIT = 1
-
-
-# -- pure allocation arithmetic (no TensorFlow, no MPI; unit-tested directly) ---------------------
-
-def default_micro_batch(n, batch_size, total):
-    """Micro-batch size that keeps BSP's global batch: n b / C samples, rounded, at least 1.
-
-    With it a round of C micro-batches holds C x mb samples, exactly n x b (BSP's global batch:
-    n ranks x b samples) when C divides n b, else the nearest multiple of C (n b / C rounded to
-    the nearest integer, halves up; at least 1, so whenever C > n b the micro-batch is 1 sample and
-    the global batch C samples, more than BSP's).
-    Example: n = 4 ranks, b = 32, C = 8 n = 32: mb = 4, global batch 128 = 4 x 32.
-
-    Args:
-        n: int >= 1, number of ranks (world size).
-        batch_size: int b >= 1, the run's per-rank batch size in samples (BSP's per-rank batch).
-        total: int C >= 1, micro-batches per round over all ranks.
-
-    Returns:
-        int mb >= 1, samples per micro-batch.
-
-    Raises:
-        ValueError: an argument that is not an integer >= 1 (the message names it and its value).
-    """
-    for name, value in (("n", n), ("batch_size", batch_size), ("total", total)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"default_micro_batch: {name} must be an integer >= 1, got {value!r}")
-    n, b, c = int(n), int(batch_size), int(total)
-    return max(1, (2 * n * b + c) // (2 * c))
-
-
-def round_allocation(ideal, total, minimum=1):
-    """Round a real allocation to integers with a fixed sum (largest-remainder / Hamilton method).
-
-    Each entry starts at ``max(minimum, floor(ideal_i))``; while the sum is below ``total`` the
-    entry with the largest remainder ``ideal_i - a_i`` gets one more; while it is above (only
-    possible because of the lower bound) the entry above ``minimum`` with the smallest remainder
-    ``ideal_i - (a_i - 1)`` gives one back. Ties go to the lower rank, so every rank computes the
-    same result from the same input.
-
-    Args:
-        ideal: sequence of n floats >= 0 (need not sum to ``total`` exactly).
-        total: int >= n * minimum, the required sum.
-        minimum: int >= 0, the smallest allowed entry.
-
-    Returns:
-        numpy int64 array [n] with sum ``total`` and every entry >= ``minimum``.
-
-    Raises:
-        ValueError: ``total`` < n * minimum, or a non-finite / negative ideal value.
-    """
-    x = np.asarray(ideal, dtype=np.float64)
-    n = len(x)
-    if n == 0 or not np.all(np.isfinite(x)) or np.any(x < 0):
-        raise ValueError(f"round_allocation: ideal allocation must be n >= 1 finite values >= 0, got {list(x)}")
-    if total < n * minimum:
-        raise ValueError(f"round_allocation: total {total} cannot give {n} entries at least {minimum} each")
-    a = np.maximum(minimum, np.floor(x)).astype(np.int64)
-    while a.sum() < total:
-        a[int(np.argmax(x - a))] += 1
-    while a.sum() > total:
-        rem = np.where(a > minimum, x - (a - 1), np.inf)
-        a[int(np.argmin(rem))] -= 1
-    return a
-
-
-def plan_rounds(n_samples, micro_batch, weights):
-    """Split one epoch into synchronization rounds and each round into per-rank sample counts.
-
-    A full round holds C x mb samples (C = sum(weights), mb = ``micro_batch``) and rank i gets
-    w_i x mb of them. The last round holds what is left; if that is fewer samples than ranks it is
-    merged into the round before. A round of S samples that is not full is split with
-    :func:`round_allocation` of ``S * w / C`` (every rank gets at least one sample, so every rank
-    takes part in every round). Every sample is in exactly one round.
-
-    Args:
-        n_samples: int N >= number of ranks, training samples per epoch.
-        micro_batch: int mb >= 1, samples per micro-batch.
-        weights: sequence of n ints w_i >= 1 (micro-batches per rank per round).
-
-    Returns:
-        numpy int64 array [R, n]: samples of rank i in round r; rows sum to the round sizes and
-        the whole array sums to N. R = ceil(N / (C mb)), or one less after a merge; R does not
-        depend on how C is split between the ranks.
-
-    Raises:
-        ValueError: fewer samples than ranks.
-    """
-    w = np.asarray(weights, dtype=np.int64)
-    n, total = len(w), int(w.sum())
-    if n_samples < n:
-        raise ValueError(f"task allocation: {n_samples} training samples cannot be shared by {n} ranks "
-                         "(every rank needs at least one sample per round)")
-    full = total * micro_batch
-    rounds = max(1, math.ceil(n_samples / full))
-    sizes = [full] * (rounds - 1) + [n_samples - full * (rounds - 1)]
-    if rounds > 1 and sizes[-1] < n:
-        sizes = sizes[:-2] + [sizes[-2] + sizes[-1]]
-    rows = [w * micro_batch if s == full else round_allocation(s * w / total, s, minimum=1) for s in sizes]
-    return np.stack(rows).astype(np.int64)
-
-
-def epoch_indices(n_samples, counts, epoch, seed=0):
-    """Return the sample indices of every (round, rank) of one epoch.
-
-    The N samples are permuted with ``default_rng([seed, epoch])`` (identically on every rank);
-    round r takes the next ``counts[r].sum()`` of them and hands them out in rank order.
-
-    Args:
-        n_samples: int N. counts: int array [R, n] from :func:`plan_rounds`. epoch: int >= 0.
-        seed: int.
-
-    Returns:
-        list of R lists of n int64 arrays; together they hold every index in [0, N) exactly once.
-    """
-    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n_samples)
-    out, pos = [], 0
-    for row in counts:
-        parts = []
-        for c in row:
-            parts.append(perm[pos:pos + int(c)])
-            pos += int(c)
-        out.append(parts)
-    assert pos == n_samples, (pos, n_samples)
-    return out
-
-
-def adapt_allocation(weights, compute_s, total):
-    """One self-adaptive step, eq. (10): w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j), rounded.
-
-    Args:
-        weights: sequence of n ints w_i^(k) (micro-batches per round in epoch k).
-        compute_s: sequence of n floats t_s^i > 0: rank i's compute time (seconds, waiting
-            excluded) for a fixed amount of its work at allocation w^(k), e.g. per round.
-        total: int C = sum of the new allocation.
-
-    Returns:
-        numpy int64 array [n], w^(k+1), rounded by :func:`round_allocation` (sum C, each >= 1).
-
-    Raises:
-        ValueError: a compute time that is not a positive finite number.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    t = np.asarray(compute_s, dtype=np.float64)
-    if not np.all(np.isfinite(t)) or np.any(t <= 0):
-        raise ValueError(f"task allocation: compute times must be positive seconds, got {list(t)}")
-    speed = w / t
-    return round_allocation(total * speed / speed.sum(), total, minimum=1)
-
-
-def allocation_change(old, new):
-    """Fraction of the global batch that moves between two allocations: sum_i |new_i - old_i| / (2 C)."""
-    old, new = np.asarray(old), np.asarray(new)
-    return float(np.abs(new - old).sum()) / (2.0 * float(old.sum()))
-
-
-def predicted_gain(old, new, speeds):
-    """Relative shortening of a round predicted for a reallocation: 1 - max_i(new_i / v_i) / max_i(old_i / v_i).
-
-    A round lasts as long as its slowest rank's compute, max_i w_i mb / v_i (mb samples per
-    micro-batch; the barrier before the allreduce, paper section III-B); with the speeds v_i
-    measured at the old allocation this is the fraction of that time the new allocation saves
-    (negative: it would be slower). Unlike :func:`allocation_change` it weighs a move by its
-    effect: one micro-batch taken from a bottleneck rank with w_i = 4 shortens the round by up to
-    25%, the same move between two equally fast ranks by nothing.
-
-    Args:
-        old, new: sequences of n ints w_i (micro-batches per round). speeds: sequence of n floats
-            v_i > 0 (samples per second of compute; any common unit).
-
-    Returns:
-        float < 1.
-
-    Raises:
-        ValueError: a speed that is not a positive finite number, or lengths that differ.
-    """
-    old, new = np.asarray(old, np.float64), np.asarray(new, np.float64)
-    v = np.asarray(speeds, np.float64)
-    if not (len(old) == len(new) == len(v)) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-        raise ValueError(f"predicted_gain: need n allocations and n positive speeds, got {list(old)}, {list(new)}, "
-                         f"{list(v)}")
-    return float(1.0 - np.max(new / v) / np.max(old / v))
-
-
-def heterogeneity_efficiency(samples, compute_s, wall_s):
-    """Heterogeneity efficiency E of one epoch (GUIDE section 3), from in-run measurements.
-
-    E = (sum_i D_i / T) / sum_i v_i with v_i = D_i / t_s^i: the job's samples per second divided
-    by the sum of the ranks' own speeds while computing (samples per second of compute time, the
-    paper's v_i = D_i / t_s^i, which stands for the rank's solo speed). D_i = samples of rank i in
-    the epoch, t_s^i = its compute seconds (waiting excluded), T = the epoch's wall time (the
-    protocol passes the epoch without its first step, which carries tracing and rank 0's
-    evaluation). E = 1 when no rank ever waits or communicates; BSP under fixed speeds gets about
-    n min_i v_i / sum_i v_i. This is the in-run stand-in for the GUIDE's E, which divides by the
-    ranks' speeds measured alone (:mod:`hetsync.bench.efficiency`). On dedicated devices the two
-    agree; where ranks share cores this one reads low, because a waiting rank yields its core and
-    the ranks still computing run faster meanwhile (4 ranks on 2 cores, equal speeds, a perfectly
-    balanced job: 0.70-0.84 here against 0.92-1.05 by the solo speeds).
-
-    Args:
-        samples: sequence of n sample counts D_i. compute_s: sequence of n floats t_s^i > 0
-            (seconds). wall_s: float T > 0 (seconds).
-
-    Returns:
-        float E (0 if any input is not positive).
-    """
-    d = np.asarray(samples, dtype=np.float64)
-    t = np.asarray(compute_s, dtype=np.float64)
-    if wall_s <= 0 or np.any(t <= 0) or np.any(d <= 0):
-        return 0.0
-    return float((d.sum() / wall_s) / np.sum(d / t))
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -301,60 +93,57 @@ class AllocatedData(partition.BatchDataset):
 
 # -- the protocol --------------------------------------------------------------------------------
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"TaskAllocation: {name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"TaskAllocation: {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+@dataclasses.dataclass(frozen=True)
+class TaskAllocationConfig(ProtocolConfig):
+    """Task allocation's parameters (see :func:`TaskAllocation`)."""
+
+    owner: typing.ClassVar[str] = "TaskAllocation"
+
+    mode: typing.Literal["static", "adaptive"] = param(
+        "static", "``\"static\"`` (w fixed) or ``\"adaptive\"`` (eq. 10 after each epoch, Algorithm 1).")
+    weights: typing.Optional[typing.Tuple[int, ...]] = param(
+        None, "list of n positive ints w_i (micro-batches per round, n = world size), or None: equal shares of "
+              "``total`` (largest-remainder rounding).", ge=1, unit="micro-batches per round, one per rank",
+        none="equal shares")
+    total: typing.Optional[int] = param(
+        None, "int C >= n, micro-batches per round over all ranks; default sum(weights), else n (static) or "
+              "n b / micro_batch (adaptive: single samples by default, set by ``fit_data``).", ge=1,
+        unit="micro-batches per round over all ranks", none="from weights, mode and batch size")
+    threshold: float = param(
+        0.05, "float in [0, 1): smallest predicted relative shortening of a round (compute time of its slowest "
+              "rank) for which a reallocation is adopted.", ge=0, lt=1,
+        unit="smallest predicted relative shortening of a round")
+    patience: int = param(2, "int >= 1: epochs below ``threshold`` after which the allocation is frozen.", ge=1,
+                          unit="epochs")
+    micro_batch: typing.Optional[int] = param(
+        None, "None (default: BSP's global batch, micro-batches of n b / C samples, see above) or int >= 1, samples "
+              "per micro-batch (global batch C x micro_batch samples).", ge=1, unit="samples per micro-batch",
+        none="BSP's global batch, n x batch_size samples per round")
+
+    def validate(self):
+        """``total`` and ``weights`` must agree when both are given."""
+        if self.weights is not None and self.total is not None and sum(self.weights) != self.total:
+            raise ValueError(f"TaskAllocation: total C={self.total} but the weights {list(self.weights)} sum to "
+                             f"{sum(self.weights)}; give one of them, or make them agree")
 
 
 class TaskAllocationProtocol(Protocol):
     """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`).
 
-    Args: as :func:`TaskAllocation` (without ``optimizer``); validated here, before training.
+    Args: a :class:`TaskAllocationConfig` (or its fields); validated before training.
 
     Raises:
         ValueError: as :func:`TaskAllocation` (the world-size checks run in :meth:`build`).
     """
 
     name = "taskalloc"
+    display_name = "TaskAllocation"
+    Config = TaskAllocationConfig
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
 
-    def __init__(self, mode="static", weights=None, total=None, threshold=0.05, patience=2, micro_batch=None):
-        super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"TaskAllocation: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        if weights is not None:
-            if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or len(weights) == 0:
-                raise ValueError(f"TaskAllocation: weights must be a list of positive integers, one per rank, "
-                                 f"got {weights!r}")
-            for i, wi in enumerate(weights):
-                if isinstance(wi, bool) or not isinstance(wi, numbers.Integral):
-                    raise ValueError(f"TaskAllocation: weights must be positive integers (micro-batches per round); "
-                                     f"weights[{i}] = {wi!r} is not an integer")
-                if wi <= 0:
-                    raise ValueError(f"TaskAllocation: weights must be positive integers (micro-batches per round); "
-                                     f"weights[{i}] = {wi!r} is not positive")
-            weights = [int(wi) for wi in weights]
-        if total is not None:
-            total = _check_int("total (C, micro-batches per round over all ranks)", total, 1)
-            if weights is not None and sum(weights) != total:
-                raise ValueError(f"TaskAllocation: total C={total} but the weights {weights} sum to {sum(weights)}; "
-                                 "give one of them, or make them agree")
-        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold < 1:
-            raise ValueError(f"TaskAllocation: threshold must be a number in [0, 1) (smallest predicted relative "
-                             f"shortening of a round), got {threshold!r}")
-        self.patience = _check_int("patience (epochs)", patience, 1)
-        if micro_batch is not None:
-            if isinstance(micro_batch, bool) or not isinstance(micro_batch, numbers.Integral) or micro_batch < 1:
-                raise ValueError(f"TaskAllocation: micro_batch must be None (BSP's global batch, n x batch_size "
-                                 f"samples per round) or an integer >= 1 (samples per micro-batch), got "
-                                 f"{micro_batch!r}")
-            micro_batch = int(micro_batch)
-        self.mode, self.threshold = mode, float(threshold)
-        self._weights_arg, self._total_arg, self._micro_batch_arg = weights, total, micro_batch
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
         self.weights = None  # numpy int64 [n], current allocation
         self.total = None
         self.history = []  # one dict per finished epoch
@@ -363,7 +152,7 @@ class TaskAllocationProtocol(Protocol):
         self._stable_count = 0
         self._data = None
         #: int samples per micro-batch, set by :meth:`fit_data` (the argument, or
-        #: :func:`default_micro_batch`); None before.
+        #: :func:`hetsync.protocols.allocation.default_micro_batch`); None before.
         self.micro_batch = None
         self.counts = None  # int64 [R, n]: samples of each rank in each round of the current epoch
         self.rounds = 0
@@ -373,13 +162,15 @@ class TaskAllocationProtocol(Protocol):
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self):
+        """Check the allocation against the world size; set C and the initial w; create the statistics."""
         n = runtime.size()
-        w, total = self._weights_arg, self._total_arg
+        w = None if self.cfg.weights is None else list(self.cfg.weights)
+        total = self.cfg.total
         if w is not None and len(w) != n:
             raise ValueError(f"TaskAllocation: {len(w)} weights {w} given, but the world size is {n} "
                              "(one weight per rank)")
         # adaptive without weights or total: C is set from b in fit_data (n b / unit micro-batches)
-        self._auto_total = self.mode == "adaptive" and w is None and total is None
+        self._auto_total = self.cfg.mode == "adaptive" and w is None and total is None
         if total is None:
             total = sum(w) if w is not None else n
         if total < n:
@@ -391,13 +182,6 @@ class TaskAllocationProtocol(Protocol):
         for stat in ("w", "samples", "round_samples", "sync_wait_total_ms"):
             self.add_stat(stat)
         self._stats["w"].assign(float(self.weights[runtime.rank()]))
-
-    def config(self):
-        """Return the protocol's arguments (``micro_batch``: as given, None = BSP's global batch; the
-        size in use is in :meth:`summary_stats`) as a JSON-serialisable dict."""
-        return {"mode": self.mode, "weights": None if self._weights_arg is None else list(self._weights_arg),
-                "total": self.total, "threshold": self.threshold, "patience": self.patience,
-                "micro_batch": self._micro_batch_arg}
 
     @property
     def global_batch(self):
@@ -428,20 +212,21 @@ class TaskAllocationProtocol(Protocol):
             ValueError: ``batch_size`` not a positive int, ``x`` and ``y`` of different lengths,
                 or fewer samples than ranks.
         """
-        b = _check_int("batch_size (samples per rank per step, as for BSP)", batch_size, 1)
+        b = _checks.check_int("TaskAllocation", "batch_size", batch_size, ge=1,
+                              unit="samples per rank per step, as for BSP")
         if len(x) != len(y):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
         n = runtime.size()
         if self._auto_total:
-            unit = self._micro_batch_arg if self._micro_batch_arg is not None else ADAPTIVE_DEFAULT_UNIT
+            unit = self.cfg.micro_batch if self.cfg.micro_batch is not None else ADAPTIVE_DEFAULT_UNIT
             total = max(n, (n * b) // unit)
             if total != self.total:  # first fit (or a new batch size): equal shares of the new C
                 self.total = int(total)
                 self.weights = round_allocation([total / n] * n, total)
                 self._stats["w"].assign(float(self.weights[runtime.rank()]))
-        mb = self._micro_batch_arg if self._micro_batch_arg is not None else default_micro_batch(n, b, self.total)
+        mb = self.cfg.micro_batch if self.cfg.micro_batch is not None else default_micro_batch(n, b, self.total)
         self.batch_size, self.micro_batch, self.seed, self.n_samples = b, mb, int(seed), len(x)
-        if self._micro_batch_arg is None and self.global_batch != n * b and runtime.rank() == 0:
+        if self.cfg.micro_batch is None and self.global_batch != n * b and runtime.rank() == 0:
             log.info("taskalloc: C=%d micro-batches do not divide BSP's global batch %d x %d = %d samples; "
                      "micro-batch %d samples, global batch %d samples per round", self.total, n, b, n * b, mb,
                      self.global_batch)
@@ -551,7 +336,8 @@ class TaskAllocationProtocol(Protocol):
     def end_epoch(self, epoch, compute_s, wait_s, wall_s, speed, steady=(0, 0.0, 0.0)):
         """Exchange this epoch's measurements, record them, and (adaptive) compute the next w.
 
-        One allgather of a float64 row per rank (every rank calls it once per epoch). ``speed`` v_i
+        One :func:`hetsync.transport.allgather_object` of a dict per rank (every rank calls it once
+        per epoch). ``speed`` v_i
         is rank i's samples per second of compute: the median, over every step since the
         allocation last changed (the first step of each epoch excluded), of m_i / (step time - time
         inside the allreduce). The median is robust to a step that lost its core to another
@@ -572,34 +358,40 @@ class TaskAllocationProtocol(Protocol):
             dict, the epoch's record (also appended to :attr:`history`).
         """
         me = runtime.rank()
-        row = [float(self.weights[me]), float(self.samples_per_epoch), compute_s, wait_s, wall_s,
-               float(speed), float(self.total), float(self.n_samples)] + [float(v) for v in steady]
-        table = transport.allgather(tf.constant([row], tf.float64), name="hetsync_taskalloc_epoch").numpy()
-        w_all = table[:, 0].astype(np.int64)
-        agree = np.all(w_all == self.weights) and np.all(table[:, 6] == self.total)
-        if not (agree and np.all(table[:, 7] == table[0, 7])):
+        mine = {"w": int(self.weights[me]), "samples": int(self.samples_per_epoch), "compute_s": float(compute_s),
+                "wait_s": float(wait_s), "wall_s": float(wall_s), "speed": float(speed), "total": int(self.total),
+                "n_samples": int(self.n_samples), "steady_samples": float(steady[0]),
+                "steady_compute_s": float(steady[1]), "steady_wall_s": float(steady[2])}
+        table = transport.allgather_object(mine, name="hetsync_taskalloc_epoch")
+
+        def col(key, dtype=np.float64):
+            return np.asarray([r[key] for r in table], dtype)
+
+        w_all, totals, n_all = col("w", np.int64), col("total", np.int64), col("n_samples", np.int64)
+        if not (np.all(w_all == self.weights) and np.all(totals == self.total) and np.all(n_all == n_all[0])):
             raise RuntimeError(f"TaskAllocation: ranks disagree on the allocation (w {list(w_all)}, C "
-                               f"{list(table[:, 6])}, N {list(table[:, 7])}); give every rank the same "
+                               f"{list(totals)}, N {list(n_all)}); give every rank the same "
                                "arguments and training set")
-        samples, compute, wait, wall = table[:, 1], table[:, 2], table[:, 3], table[:, 4]
-        rate = table[:, 5]
+        samples, compute, wait, wall = col("samples"), col("compute_s"), col("wait_s"), col("wall_s")
+        rate = col("speed")
         per_round = np.where(rate > 0, self.weights * self.micro_batch / np.maximum(rate, 1e-12), 0.0)
-        eff = heterogeneity_efficiency(table[:, 8], table[:, 9], float(table[:, 10].max()))
+        eff = heterogeneity_efficiency(col("steady_samples"), col("steady_compute_s"),
+                                       float(col("steady_wall_s").max()))
         rec = {"epoch": int(epoch), "w": [int(v) for v in self.weights], "samples": [int(v) for v in samples],
                "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
                "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
                "speed_samples_per_s": [float(v) for v in rate], "efficiency": eff, "next_w": None,
                "change": None, "gain": None, "stable": self.stable}
-        if self.mode == "adaptive" and not self.stable:
+        if self.cfg.mode == "adaptive" and not self.stable:
             if np.all(rate > 0):
                 new = adapt_allocation(self.weights, per_round, self.total)
                 gain = predicted_gain(self.weights, new, rate)
                 rec["change"], rec["gain"] = allocation_change(self.weights, new), gain
-                if gain > self.threshold:
+                if gain > self.cfg.threshold:
                     self._pending, self._stable_count = new, 0
                 else:
                     self._stable_count += 1
-                    self.stable = self._stable_count >= self.patience
+                    self.stable = self._stable_count >= self.cfg.patience
             rec["stable"] = self.stable
         rec["next_w"] = [int(v) for v in (self._pending if self._pending is not None else self.weights)]
         self.history.append(rec)
@@ -621,7 +413,7 @@ class TaskAllocationProtocol(Protocol):
         ``rounds_per_epoch``, ``final_w``, ``stable``, ``stable_epoch`` and ``epochs`` (one record per
         epoch, see :meth:`end_epoch`)."""
         out = super().summary_stats()
-        out.update({"mode": self.mode, "total": self.total, "micro_batch": self.micro_batch,
+        out.update({"mode": self.cfg.mode, "total": self.total, "micro_batch": self.micro_batch,
                     "batch_size": self.batch_size, "global_batch": self.global_batch,
                     "rounds_per_epoch": self.rounds, "final_w": [int(v) for v in self.weights],
                     "stable": self.stable, "epochs": self.history})
@@ -638,8 +430,7 @@ class TaskAllocationProtocol(Protocol):
         sample of the round, whatever the split. One grouped horovod allreduce per step carries the
         scaled gradients and m_i.
         """
-        present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        present, dense = present_gradients(grads)
         m = tf.identity(self._mb)
         scaled = [g * tf.cast(m, g.dtype) for g in dense] + [tf.reshape(m, [1])]
         reduced = self.synchronize(lambda ts: transport.allreduce_sum(ts, name="hetsync_taskalloc"), scaled)
@@ -649,9 +440,7 @@ class TaskAllocationProtocol(Protocol):
                            "with hetsync.callbacks.standard(opt)")
         with tf.control_dependencies([check] if check is not None else []):
             total = tf.identity(total)
-        out = list(grads)
-        for i, g in zip(present, reduced[:-1]):
-            out[i] = g / tf.cast(total, g.dtype)
+        out = scatter_gradients(grads, present, [g / tf.cast(total, g.dtype) for g in reduced[:-1]])
         self._stats["samples"].assign(tf.cast(m, tf.float64))
         self._stats["round_samples"].assign(tf.cast(total, tf.float64))
         self._stats["sync_wait_total_ms"].assign_add(self._stats["sync_wait_ms"])
@@ -715,9 +504,7 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         self.p.end_epoch(epoch, compute, wait, wall, rate, steady)
 
 
-def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold=0.05, patience=2,
-                   micro_batch=None):
-    """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
+TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
 
     Paper section III. Rank i processes w_i micro-batches of ``micro_batch`` samples per
     synchronization round; the ranks allreduce the sum of their gradients (weighted by samples)
@@ -761,27 +548,16 @@ def TaskAllocation(optimizer, mode="static", weights=None, total=None, threshold
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
-        mode: ``"static"`` (w fixed) or ``"adaptive"`` (eq. 10 after each epoch).
-        weights: list of n positive ints w_i (micro-batches per round, n = world size), or None:
-            equal shares of ``total`` (largest-remainder rounding).
-        total: int C >= n, micro-batches per round over all ranks; default sum(weights), else n
-            (static) or n b / micro_batch (adaptive: single samples by default, set by ``fit_data``).
-        threshold: float in [0, 1): smallest predicted relative shortening of a round (compute
-            time of its slowest rank) for which a reallocation is adopted.
-        patience: int >= 1: epochs below ``threshold`` after which the allocation is frozen.
-        micro_batch: None (default: BSP's global batch, micro-batches of n b / C samples, see
-            above) or int >= 1, samples per micro-batch (global batch C x micro_batch samples).
+        {args}
 
     Returns:
-        keras.optimizers.Optimizer (a subclass of the given optimizer's class).
+        keras.optimizers.Optimizer (class ``TaskAllocation_<optimizer class>``, a subclass of the given one).
 
     Raises:
         ValueError: unknown mode; weights that are not positive integers, or not one per rank;
             total smaller than the world size or different from sum(weights); bad threshold,
             patience or micro_batch (not None and not an integer >= 1; the message names the
             value) (all before training starts).
-        TypeError: ``optimizer`` is not a Keras 3 optimizer instance.
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
         RuntimeError: :func:`hetsync.init` was not called.
-    """
-    return wrap(optimizer, TaskAllocationProtocol(mode=mode, weights=weights, total=total, threshold=threshold,
-                                                  patience=patience, micro_batch=micro_batch))
+    """)

@@ -5,7 +5,7 @@ import sys
 import keras
 
 import hetsync
-from hetsync.protocols.base import Protocol, wrap
+from hetsync.protocols import Protocol, wrap
 
 
 class NeedsMPI(Protocol):

@@ -13,8 +13,13 @@ MODE:
              sleeps 60 ms after each step, so its steps outlast a round (a step of this one-weight
              model computes in well under 1 ms, and 20x that can be shorter than a round).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
-  stall      rank 2 sleeps 12 s after its 10th step (it stops stepping early) while the others run
-             60 steps; finish_timeout_s=3, so the controller ends without it.
+  stall      rank 2 stops stepping after its 10th step until its communication thread has ended
+             (at most 60 s) while the others run 60 steps; finish_timeout_s=3, so the controller
+             ends without it, and rank 2's last 50 steps all come after the final round.
+  stuck      every rank 30 steps; rank 1's communication thread keeps running 40 s after the final
+             round (timeout_s=4, finish_timeout_s=2: stop() waits 16 s for it). stop() must still
+             gather the statistics and raise the same RNAError on every rank, long before
+             horovod's stall shutdown. Each rank records its error and how long its stop took.
 """
 import json
 import sys
@@ -68,16 +73,26 @@ elif mode == "uneven":
 elif mode == "stall":
     steps = 60
     kwargs.update(finish_timeout_s=3.0, timeout_s=30.0)
+elif mode == "stuck":
+    steps = 30
+    kwargs.update(finish_timeout_s=2.0, timeout_s=4.0)
 else:
-    raise SystemExit(f"unknown mode {mode!r}; use straggler, uneven or stall")
+    raise SystemExit(f"unknown mode {mode!r}; use straggler, uneven, stall or stuck")
 
 
 class Stall(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if mode == "stall" and rank == 2 and batch == 9:
-            time.sleep(12.0)
+            proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
         if mode == "straggler" and rank == 3:
             time.sleep(0.06)
+
+
+class StopTimer(keras.callbacks.Callback):
+    """First in the list: its on_train_end runs just before the protocol's stop."""
+
+    def on_train_end(self, logs=None):
+        self.t = time.time()
 
 
 keras.utils.set_random_seed(0)
@@ -90,15 +105,29 @@ x = np.full((steps * b, 1), c, np.float32)
 y = np.zeros((steps * b, 1), np.float32)
 
 
+if mode == "stuck" and rank == 1:
+    real_run = proto._run
+
+    def stuck_run():
+        real_run()
+        time.sleep(40.0)  # the thread does not end with the final round
+
+    proto._run = stuck_run
+
 t0 = time.time()
-cbs = [hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt)
+timer = StopTimer()
+cbs = [timer, hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt)
 cbs.append(Stall())
-model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
+error = None
+try:
+    model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
+except hetsync.protocols.rna.RNAError as exc:
+    error = str(exc)
+stop_s = time.time() - timer.t
 wall = time.time() - t0
-comm = hetsync.transport.p2p_comm()
-mine = {"rank": rank, "c": c, "steps_run": int(proto._done_steps), "log": observer.log, "wall_s": wall,
-        "w_final": float(model.get_weights()[0].ravel()[0])}
-everything = comm.gather(mine, root=0)
+mine = {"rank": rank, "c": c, "steps_run": int(proto.done_steps), "log": observer.log, "wall_s": wall,
+        "w_final": float(model.get_weights()[0].ravel()[0]), "error": error, "stop_s": stop_s}
+everything = hetsync.transport.allgather_object(mine, name="rna_check")
 if rank == 0:
     with open(out_path, "w") as f:
         json.dump({"ranks": everything, "stats": proto.summary_stats(), "n": n}, f)

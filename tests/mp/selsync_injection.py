@@ -9,7 +9,6 @@ import json
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 import hetsync
 from hetsync import partition
@@ -36,7 +35,7 @@ mine_out = {
     "again_equal": bool(np.array_equal(again[0], batches[0][0])),
     "exchanges": exchanges_after, "dropped": dropped, "stats": ds.stats(),
 }
-gathered = MPI.COMM_WORLD.gather(mine_out, root=0)
+gathered = hetsync.transport.allgather_object(mine_out, name="selsync_injection")
 if rank == 0:
     out = {"ranks": gathered, "world_size": n, "b_local": b_local,
            "shared": partition.shared_per_injector(b_local, beta),

@@ -1,27 +1,16 @@
-"""Transport: horovod's core collectives (never its broken Keras 3 layer) and mpi4py point-to-point.
+"""Collectives over all ranks through horovod's core ops (never its Keras layer, broken on Keras 3).
 
-Protocols send nothing except through this module, so the wire is visible in one place:
-
-* collectives (allreduce, allgather, broadcast) go through ``horovod.tensorflow``'s core ops and
-  may run inside a compiled ``tf.function``;
-* point-to-point messages go through mpi4py on a communicator duplicated from ``COMM_WORLD``
-  (:func:`p2p_comm`), used from communication threads; every receive has a timeout
-  (:func:`recv_with_timeout`).
+Every function here is a thin wrapper in the style of horovod's ``mpi_ops.py``: it names the
+shapes and dtypes it takes and returns and the errors it raises, and runs eagerly or inside a
+compiled ``tf.function`` (:func:`allgather_object` eagerly only). Under a world of one rank the
+tensor collectives return their input.
 """
-import time
-
 import tensorflow as tf
 
-from . import runtime
+from .. import runtime
 
-__all__ = [
-    "allreduce_mean", "allreduce_sum", "allgather", "broadcast_variables", "p2p_comm",
-    "recv_with_timeout", "TransportTimeout", "max_abs_difference_across_ranks",
-]
-
-
-class TransportTimeout(TimeoutError):
-    """A point-to-point wait exceeded its timeout."""
+__all__ = ["allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",
+           "max_abs_difference_across_ranks"]
 
 
 def _hvd():
@@ -41,7 +30,7 @@ def allreduce_mean(tensors, name=None, compression="none"):
 
     Args:
         tensors: list of float tensors (any shapes; ``tf.IndexedSlices`` are densified).
-        name: optional op-name prefix.
+        name: optional op-name prefix (str), the same on every rank.
         compression: ``"none"`` or ``"fp16"`` (horovod's FP16 wire compression).
 
     Returns:
@@ -55,7 +44,10 @@ def allreduce_mean(tensors, name=None, compression="none"):
 
 
 def allreduce_sum(tensors, name=None, compression="none"):
-    """Sum a list of tensors over all ranks in one fused allreduce (see :func:`allreduce_mean`)."""
+    """Sum a list of tensors over all ranks in one fused allreduce.
+
+    Args and raises: as :func:`allreduce_mean`. Returns the element-wise sums (same shapes, dtypes).
+    """
     return _grouped(tensors, "Sum", name, compression)
 
 
@@ -77,23 +69,58 @@ def allgather(tensor, name=None):
 
     Args:
         tensor: tensor of shape [d0, ...]; d0 may differ per rank, the other dims may not.
+        name: optional op name (str), the same on every rank.
 
     Returns:
         tensor of shape [sum_r d0_r, ...].
+
+    Raises:
+        RuntimeError: hetsync is not initialised.
     """
     hvd = _hvd()
     return hvd.allgather(tensor, name=name)
+
+
+def allgather_object(obj, name):
+    """Gather one picklable Python object from every rank, in rank order (eager, every rank calls it).
+
+    The helper for every cross-rank statistics exchange (end-of-run totals, per-epoch measurements,
+    drift): each rank passes a dict (or any picklable value) and every rank gets the list of all of
+    them, so no code depends on the position of a value in a float row. Implemented by horovod's
+    ``allgather_object`` (cloudpickle, two allgathers: the sizes, then the bytes), so it works under
+    MPI, Gloo and a world of one rank.
+
+    Args:
+        obj: any picklable object (typically a dict of numbers, lists and strings).
+        name: str, the collective's name, the same on every rank (distinct per call site).
+
+    Returns:
+        list of ``size()`` objects, element r from rank r.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string.
+        RuntimeError: hetsync is not initialised, or called inside a ``tf.function`` (it needs the
+            gathered bytes on the host).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"allgather_object needs a non-empty str name (the same on every rank), got {name!r}")
+    hvd = _hvd()
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"allgather_object({name!r}) runs eagerly only, not inside a tf.function")
+    return list(hvd.allgather_object(obj, name=name))
 
 
 def broadcast_variables(variables, root_rank=0, name="hetsync_bcast"):
     """Overwrite every variable with its value on ``root_rank``.
 
     Args:
-        variables: list of Keras 3 or tf variables.
+        variables: list of Keras 3 or tf variables (any shapes and dtypes).
         root_rank: int in [0, world size).
+        name: op-name prefix (str).
 
     Raises:
         ValueError: root_rank outside [0, world size).
+        RuntimeError: hetsync is not initialised.
     """
     hvd = _hvd()
     if not 0 <= root_rank < hvd.size():
@@ -108,6 +135,16 @@ def max_abs_difference_across_ranks(variables, name="hetsync_weights_check"):
     """Return the largest |w_r - w_s| over all ranks r, s and all elements (float, eager).
 
     Used to check that BSP leaves identical weights on every rank (``weights_in_sync``).
+
+    Args:
+        variables: list of variables or tensors (any shapes), the same list on every rank.
+        name: op-name prefix (str).
+
+    Returns:
+        float >= 0 (0.0 under a world of one rank).
+
+    Raises:
+        RuntimeError: hetsync is not initialised.
     """
     hvd = _hvd()
     flat = tf.concat([tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float64), [-1]) for v in variables], 0)
@@ -116,46 +153,3 @@ def max_abs_difference_across_ranks(variables, name="hetsync_weights_check"):
     hi = hvd.allreduce(flat, op=hvd.Max, name=f"{name}_max")
     lo = hvd.allreduce(flat, op=hvd.Min, name=f"{name}_min")
     return float(tf.reduce_max(hi - lo).numpy())
-
-
-_comm = {}
-
-
-def p2p_comm():
-    """Return this process's mpi4py communicator for point-to-point traffic (a Dup of COMM_WORLD).
-
-    Raises:
-        RuntimeError: launched under Gloo (no MPI) or not initialised.
-    """
-    runtime.require_mpi("point-to-point messaging")
-    if "comm" not in _comm:
-        from mpi4py import MPI
-
-        _comm["comm"] = MPI.COMM_WORLD.Dup()
-    return _comm["comm"]
-
-
-def recv_with_timeout(comm, source, tag, timeout_s, what, poll_s=0.0005):
-    """Receive one pickled message, failing clearly if none arrives in time.
-
-    Args:
-        comm: mpi4py communicator. source, tag: int (MPI.ANY_SOURCE / MPI.ANY_TAG allowed).
-        timeout_s: float seconds (> 0). what: str naming the wait, used in the error.
-
-    Returns:
-        ``(message, status_source, status_tag)``.
-
-    Raises:
-        TransportTimeout: nothing arrived within ``timeout_s`` seconds.
-    """
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    deadline = time.monotonic() + timeout_s
-    while not comm.iprobe(source=source, tag=tag, status=status):
-        if time.monotonic() > deadline:
-            raise TransportTimeout(f"rank {comm.Get_rank()}: timed out after {timeout_s:g} s waiting for {what} "
-                                   f"(source={source}, tag={tag})")
-        time.sleep(poll_s)
-    msg = comm.recv(source=status.Get_source(), tag=status.Get_tag())
-    return msg, status.Get_source(), status.Get_tag()

@@ -1,0 +1,21 @@
+"""Transport: every byte hetsync puts on the wire goes through this package, so the wire is visible in one place.
+
+* :mod:`hetsync.transport.collectives`: horovod's core collectives (allreduce, allgather,
+  broadcast; never its Keras layer, broken on Keras 3) and :func:`allgather_object`, the one
+  helper for cross-rank statistics. They may run inside a compiled ``tf.function`` (except
+  ``allgather_object``), under MPI, Gloo or a world of one rank.
+* :mod:`hetsync.transport.p2p`: point-to-point messages through one :class:`Dispatcher` per
+  process (its own duplicated communicator, a receive thread routing messages to named channels,
+  timeouts on every wait, a counted shutdown). Needs an MPI launch (or a world of one rank).
+
+No other module of hetsync imports mpi4py (``hetsync.runtime`` does, to initialise MPI).
+"""
+from .collectives import (allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables,
+                          max_abs_difference_across_ranks)
+from .p2p import Dispatcher, Message, TransportError, TransportTimeout, dispatcher, shutdown
+
+__all__ = [
+    "allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",
+    "max_abs_difference_across_ranks", "Dispatcher", "Message", "TransportError", "TransportTimeout", "dispatcher",
+    "shutdown",
+]

@@ -1,0 +1,523 @@
+"""Point-to-point messages: one dispatcher per process, named channels, a timeout on every wait.
+
+RNA's controller traffic and SelSync's data injection use it today; Hop's update and token queues
+and the parameter servers will add most of hetsync's point-to-point traffic. Everything goes
+through one :class:`Dispatcher` per process (GUIDE section 1: mpi4py with ``MPI_THREAD_MULTIPLE``
+shares the MPI world with horovod; a background thread may send and receive on a duplicated
+communicator while the main thread trains with horovod's collectives):
+
+* its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a
+  user's. The first :func:`dispatcher` call creates it and is therefore *collective*: every rank
+  must make it (protocols do, in ``start`` or ``fit_data``);
+* one receive thread that takes every incoming message (matched probe, then receive) and appends
+  it to its channel's queue. It polls every :data:`POLL_S` seconds and sleeps in between, because
+  OpenMPI's blocking receives spin a core, which ranks sharing cores cannot afford;
+* :meth:`Dispatcher.send` (a non-blocking ``isend``, tracked; optionally waited for) and
+  :meth:`Dispatcher.recv` (waits on a channel for a message from a given source and/or with a
+  given tag), both with timeouts whose :class:`TransportTimeout` names the rank, peer and channel;
+* :meth:`Dispatcher.drain` ends a channel's traffic exactly: every rank sends an end marker to
+  every peer, waits for every peer's marker and discards, counting them, the messages it never
+  read (messages from one source on one channel arrive in the order they were sent: MPI's
+  non-overtaking rule for one tag on one communicator);
+* :meth:`Dispatcher.shutdown` (also :func:`shutdown`, ``hetsync.shutdown()`` and at exit) waits
+  for outstanding sends, counting those that do not complete, stops and joins the thread, counts
+  unread messages and frees the communicator.
+
+Channels are plain names (``"rna.control"``, ``"selsync.inject"``, later ``"hop.update"``,
+``"hop.token"``, ``"ps.request"``); a message for a channel nobody reads yet waits in its queue.
+Every message sent, received, read, discarded or left undelivered is counted per channel
+(:meth:`Dispatcher.stats`): nothing is dropped silently.
+"""
+import atexit
+import collections
+import logging
+import numbers
+import threading
+import time
+
+from .. import runtime
+
+__all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
+           "DEFAULT_TIMEOUT_S", "MPI_TAG", "COUNTERS"]
+
+log = logging.getLogger("hetsync")
+
+#: MPI tag of every dispatcher message on its communicator (below 32767, the smallest TAG_UB MPI allows).
+MPI_TAG = 4853
+#: seconds the receive thread sleeps when nothing arrived (it wakes at once for shutdown).
+POLL_S = 0.0005
+#: default timeout in seconds of :meth:`Dispatcher.recv`, :meth:`Dispatcher.flush` and :meth:`Dispatcher.drain`.
+DEFAULT_TIMEOUT_S = 60.0
+#: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the
+#: thread, returned by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends that
+#: had not completed when ``shutdown`` gave up on them.
+COUNTERS = ("sent", "received", "read", "discarded", "undelivered")
+
+
+class TransportTimeout(TimeoutError):
+    """A point-to-point wait exceeded its timeout; the message names the rank, the peer(s) and the channel.
+
+    Attributes:
+        pending: list of ``(peer, channel, tag)`` tuples still outstanding when the wait gave up
+            (sends not completed for :meth:`Dispatcher.flush`, peers whose end marker did not
+            arrive for :meth:`Dispatcher.drain`, the awaited sender for :meth:`Dispatcher.recv`).
+    """
+
+    def __init__(self, message, pending=()):
+        super().__init__(message)
+        self.pending = list(pending)
+
+
+class TransportError(RuntimeError):
+    """The point-to-point layer cannot be used: its receive thread failed, or it was shut down."""
+
+
+#: one received message: ``source`` (int rank), ``channel`` (str), ``tag`` (the sender's tag, any
+#: picklable value or None) and ``obj`` (the payload).
+Message = collections.namedtuple("Message", ["source", "channel", "tag", "obj"])
+
+
+class _End:
+    """End-of-channel marker sent by :meth:`Dispatcher.drain` (never returned by ``recv``)."""
+
+    def __eq__(self, other):
+        return isinstance(other, _End)
+
+    def __hash__(self):
+        return 0
+
+
+_END = _End()
+
+
+class _Send:
+    __slots__ = ("request", "dest", "channel", "tag", "marker")
+
+    def __init__(self, request, dest, channel, tag, marker):
+        self.request, self.dest, self.channel, self.tag, self.marker = request, dest, channel, tag, marker
+
+
+def _who(source):
+    return "any rank" if source is None else f"rank {source}"
+
+
+def _tag_text(tag):
+    return "" if tag is None else f" with tag {tag!r}"
+
+
+class Dispatcher:
+    """This process's point-to-point endpoint: a receive thread routing messages to named channels.
+
+    Obtain it with :func:`dispatcher` (never construct one yourself: the communicator must be a
+    collective ``Dup`` made by every rank). Thread-safe: any thread may send, receive, drain.
+
+    Args:
+        comm: an mpi4py intracommunicator owned by the dispatcher (freed by :meth:`shutdown`).
+        poll_s: float seconds the receive thread sleeps when nothing arrived (> 0).
+
+    Attributes:
+        rank, size: this process's rank and the world size on ``comm`` (ints).
+    """
+
+    def __init__(self, comm, poll_s=POLL_S):
+        from mpi4py import MPI
+
+        if not poll_s > 0:
+            raise ValueError(f"Dispatcher: poll_s must be a positive number of seconds, got {poll_s!r}")
+        self._MPI = MPI
+        self._comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.poll_s = float(poll_s)
+        self._cv = threading.Condition()
+        self._queues = collections.defaultdict(collections.deque)
+        self._sends = []
+        self._counts = collections.defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+        self._error = None
+        self._closed = False
+        self._report = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive_loop, name=f"hetsync-p2p-{self.rank}", daemon=True)
+        self._thread.start()
+
+    # -- the receive thread ------------------------------------------------------------------------
+    def _receive_loop(self):
+        status = self._MPI.Status()
+        try:
+            while True:
+                got = self._receive_available(status)
+                self._reap_sends()
+                if self._stop.is_set():
+                    self._receive_available(status)  # last sweep: what arrived is queued and counted
+                    return
+                if not got:
+                    time.sleep(self.poll_s)  # cheaper than Event.wait; shutdown waits at most poll_s
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiter and caller
+            with self._cv:
+                self._error = f"rank {self.rank}: the point-to-point receive thread failed: {exc!r}"
+                self._cv.notify_all()
+            log.error("hetsync %s", self._error)
+
+    def _receive_available(self, status):
+        got = 0
+        while True:
+            message = self._comm.improbe(source=self._MPI.ANY_SOURCE, tag=MPI_TAG, status=status)
+            if message is None:
+                return got
+            source = status.Get_source()
+            channel, tag, obj = message.recv()
+            with self._cv:
+                self._queues[channel].append(Message(source, channel, tag, obj))
+                if not isinstance(obj, _End):
+                    self._counts[channel]["received"] += 1
+                self._cv.notify_all()
+            got += 1
+
+    def _reap_sends(self):
+        if not self._sends:  # unlocked peek: a send appended meanwhile is reaped next time
+            return
+        with self._cv:
+            if not self._sends:
+                return
+            before = len(self._sends)
+            self._sends = [s for s in self._sends if not s.request.Test()]
+            if len(self._sends) != before:
+                self._cv.notify_all()
+
+    # -- checks -------------------------------------------------------------------------------------
+    def _check_usable(self):
+        if self._error is not None:
+            raise TransportError(self._error)
+        if self._closed:
+            raise TransportError(f"rank {self.rank}: the point-to-point dispatcher was shut down")
+
+    def _check_peer(self, peer, what):
+        if isinstance(peer, bool) or not isinstance(peer, numbers.Integral) or not 0 <= peer < self.size:
+            raise ValueError(f"{what} must be a rank in [0, {self.size}), got {peer!r}")
+        return int(peer)
+
+    @staticmethod
+    def _check_channel(channel):
+        if not isinstance(channel, str) or not channel:
+            raise ValueError(f"channel must be a non-empty str, got {channel!r}")
+
+    @staticmethod
+    def _check_timeout(timeout_s):
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+
+    # -- sending ------------------------------------------------------------------------------------
+    def send(self, dest, channel, obj, tag=None, timeout_s=None):
+        """Send ``obj`` to rank ``dest`` on ``channel`` (non-blocking ``isend`` of the pickled object).
+
+        Args:
+            dest: int rank in [0, size) (may be this rank).
+            channel: str, the channel name. obj: any picklable object.
+            tag: optional picklable value the receiver can select on (e.g. an iteration number).
+            timeout_s: None (default: return at once; the send is tracked and waited for by
+                :meth:`flush` / :meth:`shutdown`) or float seconds >= 0 to wait for this send to
+                complete (its data handed to MPI's buffers or received).
+
+        Raises:
+            ValueError: bad dest, channel or timeout.
+            TransportTimeout: ``timeout_s`` given and the send did not complete in time (names
+                the peer and channel).
+            TransportError: the dispatcher failed or was shut down.
+        """
+        dest = self._check_peer(dest, "send: dest")
+        self._check_channel(channel)
+        if timeout_s is not None:
+            self._check_timeout(timeout_s)
+        with self._cv:
+            self._check_usable()
+        request = self._comm.isend((channel, tag, obj), dest=dest, tag=MPI_TAG)
+        entry = _Send(request, dest, channel, tag, isinstance(obj, _End))
+        with self._cv:
+            self._sends.append(entry)
+            if not entry.marker:
+                self._counts[channel]["sent"] += 1
+        if timeout_s is not None:
+            self._wait_sends(lambda s: s is entry, timeout_s, f"a message to rank {dest} on channel {channel!r}")
+
+    def _wait_sends(self, select, timeout_s, what):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._cv:
+                self._sends = [s for s in self._sends if not s.request.Test()]
+                pending = [s for s in self._sends if select(s)]
+                if not pending:
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    peers = sorted({(s.dest, s.channel) for s in pending})
+                    raise TransportTimeout(
+                        f"rank {self.rank}: {len(pending)} send(s) of {what} not completed within {timeout_s:g} s "
+                        f"(to " + ", ".join(f"rank {d} on channel {c!r}" for d, c in peers) + ")",
+                        pending=[(s.dest, s.channel, s.tag) for s in pending])
+                self._cv.wait(min(remaining, 0.01))
+
+    def flush(self, timeout_s=DEFAULT_TIMEOUT_S, channel=None):
+        """Wait until every outstanding send (of ``channel``, or of all channels) has completed.
+
+        Args:
+            timeout_s: float seconds >= 0. channel: None (all) or a channel name.
+
+        Raises:
+            TransportTimeout: sends still outstanding after ``timeout_s``; the message names their
+                peers and channels, ``pending`` lists them.
+        """
+        self._check_timeout(timeout_s)
+        what = "any channel" if channel is None else f"channel {channel!r}"
+        self._wait_sends(lambda s: channel is None or s.channel == channel, timeout_s, what)
+
+    # -- receiving ----------------------------------------------------------------------------------
+    def _pop(self, channel, source, tag):
+        queue = self._queues.get(channel)
+        if not queue:
+            return None
+        for i, m in enumerate(queue):
+            if isinstance(m.obj, _End):
+                continue
+            if (source is None or m.source == source) and (tag is None or m.tag == tag):
+                del queue[i]
+                self._counts[channel]["read"] += 1
+                return m
+        return None
+
+    def poll(self, channel, source=None, tag=None):
+        """Return the oldest queued :class:`Message` on ``channel`` matching ``source`` and ``tag``
+        (None matches any), or None at once if there is none. Raises TransportError if the
+        dispatcher failed."""
+        self._check_channel(channel)
+        with self._cv:
+            message = self._pop(channel, source, tag)
+            if message is None and self._error is not None:
+                raise TransportError(self._error)
+            return message
+
+    def recv(self, channel, source=None, tag=None, timeout_s=DEFAULT_TIMEOUT_S):
+        """Wait for the oldest message on ``channel`` from ``source`` with ``tag`` (None: any).
+
+        Args:
+            channel: str. source: None or an int rank. tag: None or the sender's tag.
+            timeout_s: float seconds >= 0.
+
+        Returns:
+            :class:`Message` ``(source, channel, tag, obj)``.
+
+        Raises:
+            TransportTimeout: nothing matching arrived within ``timeout_s`` (names this rank, the
+                awaited peer, the channel and the tag).
+            TransportError: the dispatcher failed or was shut down while waiting.
+            ValueError: bad channel, source or timeout.
+        """
+        self._check_channel(channel)
+        if source is not None:
+            source = self._check_peer(source, "recv: source")
+        self._check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                message = self._pop(channel, source, tag)
+                if message is not None:
+                    return message
+                self._check_usable()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransportTimeout(
+                        f"rank {self.rank}: timed out after {timeout_s:g} s waiting for a message on channel "
+                        f"{channel!r} from {_who(source)}{_tag_text(tag)}",
+                        pending=[(source, channel, tag)])
+                self._cv.wait(remaining)
+
+    def wait(self, channels, timeout_s):
+        """Wait up to ``timeout_s`` seconds for any message to be queued on one of ``channels``.
+
+        Args:
+            channels: a channel name or a list of them. timeout_s: float seconds >= 0.
+
+        Returns:
+            bool, True if a message is queued (read it with :meth:`poll` or :meth:`recv`).
+
+        Raises:
+            TransportError: the dispatcher failed.
+        """
+        channels = [channels] if isinstance(channels, str) else list(channels)
+        for channel in channels:
+            self._check_channel(channel)
+        self._check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                if any(not isinstance(m.obj, _End) for ch in channels for m in self._queues.get(ch, ())):
+                    return True
+                if self._error is not None:
+                    raise TransportError(self._error)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cv.wait(remaining)
+
+    def drain(self, channel, peers=None, timeout_s=DEFAULT_TIMEOUT_S):
+        """End a round of traffic on ``channel`` exactly and discard what this rank never read.
+
+        Sends an end marker to every peer, waits for the end marker of every peer, then removes
+        each peer's messages queued before its marker (they were sent before the peer drained
+        and never read here) and counts them as ``discarded``. Messages a peer sent after its
+        marker (its next use of the channel) stay queued. Every rank in ``peers`` must drain the
+        same channel.
+
+        Args:
+            channel: str. peers: None (every rank, this one included) or a list of int ranks.
+            timeout_s: float seconds >= 0 to wait for the peers' markers.
+
+        Returns:
+            int, the number of unread messages discarded.
+
+        Raises:
+            TransportTimeout: some peers' markers did not arrive in time (names them and the channel).
+            TransportError: the dispatcher failed or was shut down.
+        """
+        self._check_channel(channel)
+        self._check_timeout(timeout_s)
+        peers = list(range(self.size)) if peers is None else sorted({self._check_peer(p, "drain: peer") for p in peers})
+        for p in peers:
+            self.send(p, channel, _END)
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                ended = {m.source for m in self._queues.get(channel, ()) if isinstance(m.obj, _End)}
+                missing = [p for p in peers if p not in ended]
+                if not missing:
+                    break
+                self._check_usable()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransportTimeout(
+                        f"rank {self.rank}: timed out after {timeout_s:g} s draining channel {channel!r}: no end "
+                        f"marker from rank(s) {missing}", pending=[(p, channel, None) for p in missing])
+                self._cv.wait(remaining)
+            keep, done, discarded = collections.deque(), set(), 0
+            for m in self._queues[channel]:
+                if m.source in peers and m.source not in done:
+                    if isinstance(m.obj, _End):
+                        done.add(m.source)
+                    else:
+                        discarded += 1
+                    continue
+                keep.append(m)
+            self._queues[channel] = keep
+            self._counts[channel]["discarded"] += discarded
+            return discarded
+
+    # -- statistics and shutdown --------------------------------------------------------------------
+    def stats(self):
+        """Return ``{channel: {counter: int}}`` (counters in :data:`COUNTERS`) for every channel used."""
+        with self._cv:
+            return {ch: dict(c) for ch, c in self._counts.items()}
+
+    def pending_sends(self):
+        """Return the number of sends not completed yet (int)."""
+        with self._cv:
+            return len(self._sends)
+
+    def shutdown(self, timeout_s=5.0):
+        """Stop the dispatcher: wait for sends, count what is in flight, join the thread, free the communicator.
+
+        Sends still outstanding after ``timeout_s`` are cancelled and counted as ``undelivered``;
+        messages received but never read are counted as ``discarded``. A warning names them if any.
+        Idempotent: a second call returns the first call's report.
+
+        Args:
+            timeout_s: float seconds >= 0, for the sends and again for the thread.
+
+        Returns:
+            dict: ``undelivered_sends`` (int), ``unread_messages`` ({channel: int}),
+            ``thread_stopped`` (bool), ``channels`` (:meth:`stats`).
+        """
+        self._check_timeout(timeout_s)
+        with self._cv:
+            if self._report is not None:
+                return self._report
+            self._closed = True
+        undelivered = []
+        try:
+            self._wait_sends(lambda s: True, timeout_s, "any channel")
+        except TransportTimeout:
+            with self._cv:
+                undelivered, self._sends = [s for s in self._sends if not s.marker], []
+                for s in undelivered:
+                    self._counts[s.channel]["undelivered"] += 1
+                    try:
+                        s.request.Cancel()
+                    except Exception:  # noqa: BLE001 - a send already matched cannot be cancelled
+                        pass
+        self._stop.set()
+        self._thread.join(timeout_s)
+        stopped = not self._thread.is_alive()
+        with self._cv:
+            unread = {}
+            for ch, queue in self._queues.items():
+                n = sum(1 for m in queue if not isinstance(m.obj, _End))
+                if n:
+                    unread[ch] = n
+                    self._counts[ch]["discarded"] += n
+            self._queues.clear()
+            self._cv.notify_all()
+        if stopped and not self._MPI.Is_finalized():
+            self._comm.Free()
+        report = {"undelivered_sends": len(undelivered), "unread_messages": unread, "thread_stopped": stopped,
+                  "channels": self.stats()}
+        if undelivered or unread or not stopped:
+            log.warning("hetsync rank %d: point-to-point shutdown: %d undelivered send(s) %s, unread messages %s%s",
+                        self.rank, len(undelivered), sorted({(s.dest, s.channel) for s in undelivered}), unread,
+                        "" if stopped else f"; the receive thread did not stop within {timeout_s:g} s")
+        with self._cv:
+            self._report = report
+        return report
+
+
+_lock = threading.Lock()
+_state = {"dispatcher": None, "atexit": False}
+
+
+def dispatcher():
+    """Return this process's :class:`Dispatcher`, creating it (and its thread) at the first call.
+
+    The first call duplicates ``MPI.COMM_WORLD`` and is therefore collective: every rank must make
+    it (protocols call it on every rank in ``start`` or ``fit_data``). Works under a world of one
+    rank (messages to oneself).
+
+    Raises:
+        RuntimeError: hetsync is not initialised, or the job runs on Gloo (no MPI point-to-point).
+    """
+    with _lock:
+        d = _state["dispatcher"]
+        if d is None:
+            runtime.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
+            from mpi4py import MPI
+
+            d = Dispatcher(MPI.COMM_WORLD.Dup())
+            _state["dispatcher"] = d
+            if not _state["atexit"]:
+                atexit.register(_shutdown_at_exit)
+                _state["atexit"] = True
+        return d
+
+
+def shutdown(timeout_s=5.0):
+    """Shut this process's dispatcher down (see :meth:`Dispatcher.shutdown`); the next
+    :func:`dispatcher` call creates a new one (collectively).
+
+    Returns:
+        the shutdown report (dict), or None if there was no dispatcher.
+    """
+    with _lock:
+        d, _state["dispatcher"] = _state["dispatcher"], None
+    return None if d is None else d.shutdown(timeout_s)
+
+
+def _shutdown_at_exit():
+    try:
+        shutdown(2.0)
+    except Exception:  # noqa: BLE001 - never fail the interpreter's exit
+        pass

@@ -1,0 +1,99 @@
+"""hetsync.load_model: a model saved with every wrapped protocol comes back with the same protocol,
+configuration, optimizer state and weights (single process)."""
+import keras
+import numpy as np
+import pytest
+
+import hetsync
+
+# every protocol with arguments away from their defaults, so a reload that forgets them fails
+CONFIGS = {
+    "bsp": {"compression": "fp16"},
+    "rna": {"probes": 1, "max_staleness": 2, "average_every": 3, "drift_every": 0, "timeout_s": 30.0, "seed": 5},
+    "selsync": {"delta": 0.2, "aggregation": "gradient", "ewma_window": 7, "smoothing": 0.5, "data_order": "defdp"},
+    "fedavg": {"fraction": 1.0, "syncs_per_epoch": 2.0, "seed": 3, "average_at_end": True},
+    "localsgd": {"period": 3, "average_at_end": False},
+    "taskalloc": {"mode": "adaptive", "weights": [4], "threshold": 0.1, "patience": 3, "micro_batch": 8},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _init():
+    hetsync.init()
+
+
+def test_every_registered_protocol_is_covered():
+    assert sorted(CONFIGS) == sorted(hetsync.protocols.WRAPPERS)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("base", [keras.optimizers.SGD, keras.optimizers.Adam])
+def test_save_and_load_restores_protocol_config_and_weights(name, base, tmp_path):
+    ds = hetsync.data.load("digits", seed=0)
+    x, y = ds.x_train[:256], ds.y_train[:256]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    kwargs = {"momentum": 0.9} if base is keras.optimizers.SGD else {}
+    opt = hetsync.protocols.get_wrapper(name)(base(learning_rate=0.05, **kwargs), **CONFIGS[name])
+    model.compile(opt, "sparse_categorical_crossentropy")
+    fit = opt.hetsync_protocol.fit_data(x, y, 32)
+    fit["steps_per_epoch"] = 1
+    model.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    assert int(opt.iterations.numpy()) == 1
+    display = hetsync.protocols.get_wrapper(name).__name__
+    assert type(opt).__name__ == f"{display}_{base.__name__}" and isinstance(opt, base)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+
+    loaded = hetsync.load_model(path)
+    lopt = loaded.optimizer
+    assert type(lopt).__name__ == f"{display}_{base.__name__}" and type(lopt) is type(opt)
+    proto = lopt.hetsync_protocol
+    assert proto is not opt.hetsync_protocol and proto.optimizer is lopt
+    assert proto.name == name and type(proto) is type(opt.hetsync_protocol)
+    assert proto.config() == opt.hetsync_protocol.config()
+    assert proto.cfg == opt.hetsync_protocol.cfg
+    assert float(lopt.learning_rate.numpy()) == pytest.approx(0.05)
+    assert lopt.get_config()["name"] == opt.get_config()["name"]
+    if base is keras.optimizers.SGD:
+        assert lopt.momentum == 0.9
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        assert np.array_equal(a, b)
+    # the optimizer state (iterations, Adam's moments) came back too
+    # iteration, learning rate, and per weight (kernel, bias) one momentum (SGD) or two moments (Adam)
+    assert len(opt.variables) == len(lopt.variables) == (6 if base is keras.optimizers.Adam else 4)
+    for a, b in zip(opt.variables, lopt.variables):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), a.path
+    # and the reloaded model trains on through its protocol
+    fit = proto.fit_data(x, y, 32)
+    fit["steps_per_epoch"] = 1
+    loaded.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(lopt))
+    assert int(lopt.iterations.numpy()) == 2
+
+
+def test_plain_keras_load_model_also_rewraps_once_hetsync_is_imported(tmp_path):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1), period=5)
+    model.compile(opt, "mse")
+    model.fit(np.ones((8, 3)), np.ones(8), batch_size=8, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert type(loaded.optimizer).__name__ == "LocalSGD_SGD"
+    assert loaded.optimizer.hetsync_protocol.config() == {"period": 5, "average_at_end": True}
+
+
+def test_a_saved_unknown_protocol_is_refused_clearly():
+    from hetsync.protocols.wrapper import wrapped_class
+
+    cls = wrapped_class(hetsync.protocols.BSPProtocol, keras.optimizers.SGD)
+    config = keras.optimizers.SGD(0.1).get_config()
+    config["hetsync"] = {"protocol": "hop", "config": {}, "optimizer": {"class_name": "SGD", "module": "x"}}
+    with pytest.raises(ValueError, match="wrapped by protocol 'hop', which this hetsync does not have"):
+        cls.from_config(config)
+    config["hetsync"] = {"protocol": "bsp", "config": {"compression": "zip"},
+                         "optimizer": {"class_name": "SGD", "module": "keras.src.optimizers.sgd"}}
+    with pytest.raises(ValueError, match="BSP: compression must be one of 'none', 'fp16', got 'zip'"):
+        cls.from_config(config)
+    config["hetsync"] = {"protocol": "bsp", "config": {}, "optimizer": {"class_name": "NoSuchOpt", "module": "nowhere"}}
+    with pytest.raises(ValueError, match="cannot find the optimizer class 'NoSuchOpt'"):
+        cls.from_config(config)
