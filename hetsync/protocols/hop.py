@@ -210,7 +210,10 @@ class HopProtocol(Protocol):
         return variables
 
     def start(self):
-        """Create the queues, route the two channels into them (called by ProtocolHooks at train begin)."""
+        """Nothing yet: :class:`HopCallback` sets up at train begin, once the optimizer is built (:meth:`begin_training`)."""
+
+    def _setup(self):
+        """Create the queues and route the channels into them."""
         self._vars = self._variables()
         self._p2p = transport.dispatcher()
         timeout_ms = self.cfg.timeout_s * 1e3
@@ -273,6 +276,7 @@ class HopProtocol(Protocol):
         if len(set(everyone)) != 1:
             raise ValueError(f"Hop: every rank must train the same number of iterations (epochs x steps per epoch); "
                              f"got {dict(enumerate(everyone))}")
+        self._setup()
         self.total_iterations = int(total_iterations)
 
     def enter_iteration(self):
@@ -506,6 +510,9 @@ class HopCallback(keras.callbacks.Callback):
         spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
         if spe != 1:
             raise ValueError(f"Hop needs steps_per_execution=1 (its tokens and sends run between steps), got {spe}")
+        opt = self.model.optimizer
+        if not opt.built and self.model.trainable_variables:
+            opt.build(self.model.trainable_variables)
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
         self.protocol.begin_training(steps * epochs if steps else None)
 

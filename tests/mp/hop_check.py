@@ -26,8 +26,8 @@ import hetsync
 mode, out_path = sys.argv[1], sys.argv[2]
 hetsync.init()
 rank, n = hetsync.rank(), hetsync.size()
-x = np.ones((64, 1), np.float32)
-y = np.zeros((64, 1), np.float32)
+x = np.ones((800, 1), np.float32)
+y = np.zeros((800, 1), np.float32)
 
 
 def make_model(w0):
