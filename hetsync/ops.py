@@ -288,7 +288,9 @@ def grad_cache_destroy(cache):
 # if the queue is closed (update queue) or cancelled (token queue), or if TensorFlow cancels the step.
 # Tags: ``iteration`` (the iteration the update was generated in) and ``w_id`` (the sender) are int64 >= 0;
 # ``None`` means "any" (passed to the op as -1). An argument given as a tensor is cast to int64 / float64 and
-# checked by the op (InvalidArgumentError) instead of here (ValueError).
+# checked by the op (InvalidArgumentError) instead of here (ValueError). Inside one ``tf.function`` TensorFlow's
+# automatic control dependencies run the ops on the same handle in program order (ops on different handles may
+# run concurrently), so e.g. an enqueue written before a dequeue of the same queue runs first.
 
 __all__ += ["HOP_UPDATE_QUEUE_COUNTERS", "hop_update_queue_create", "hop_update_queue_enqueue",
             "hop_update_queue_dequeue", "hop_update_queue_size", "hop_update_queue_dequeue_newest",
@@ -417,7 +419,8 @@ def hop_update_queue_enqueue(handle, tensors, iteration, w_id):
 
     Args:
         handle: update-queue handle from :func:`hop_update_queue_create`.
-        tensors: list of tensors with the queue's component dtypes and shapes.
+        tensors: list of tensors with the queue's component dtypes and shapes (Python values and numpy arrays
+            are converted to the component dtype; tensors must already have it).
         iteration: int64 scalar >= 0, the iteration the update was generated in.
         w_id: int64 scalar >= 0, the sender's id.
 
@@ -430,7 +433,16 @@ def hop_update_queue_enqueue(handle, tensors, iteration, w_id):
     lib = load_library()
     it = _int64_arg(iteration, fn, "iteration", 0)
     wid = _int64_arg(w_id, fn, "w_id", 0)
-    lib.hetsync_hop_update_queue_enqueue(handle, [tf.convert_to_tensor(t) for t in tensors], it, wid)
+    tensors = list(tensors)
+    try:
+        dtypes, _ = _queue_components(handle, fn)
+    except ValueError:
+        dtypes = [None] * len(tensors)  # the op checks the components
+    if len(dtypes) != len(tensors):
+        dtypes = [None] * len(tensors)
+    # Python values / arrays take the queue's dtype (a float list for a float64 component); tensors are checked.
+    tensors = [t if _is_tensor(t) else tf.convert_to_tensor(t, dtype=d) for t, d in zip(tensors, dtypes)]
+    lib.hetsync_hop_update_queue_enqueue(handle, tensors, it, wid)
 
 
 def hop_update_queue_dequeue(handle, m, iteration=None, w_id=None, timeout_ms=60000.0, greedy=False):
