@@ -83,18 +83,18 @@ def test_a_rank_that_stops_early_stops_every_rank_with_the_reason(tmp_path):
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{\"rank\"")]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3], proc.stdout[-3000:]
     for r in reports:
-        assert r["error"] and "stopped training at iteration 5 of 40" in r["error"], r
+        assert r["error"] and "rank 1 stopped training at iteration 5 of 40" in r["error"], r
         assert r["elapsed_s"] < 50  # well before the 60 s timeout: the others were told
 
 
 def test_hop_trains_digits_on_four_ranks_with_backup_workers(tmp_path):
     out = tmp_path / "run"
     launch(4, ["examples/keras_digits.py", "--protocol", "hop", "--protocol-arg", "graph=ring",
-               "--protocol-arg", "backup_workers=1", "--epochs", "4", "--slowdown", "random:6", "--out", str(out),
+               "--protocol-arg", "backup_workers=1", "--epochs", "10", "--slowdown", "random:6", "--out", str(out),
                "--quiet"], timeout=400)
     summary = read_json(os.path.join(out, "summary.json"))
     assert summary["protocol"] == "hop"
-    assert summary["final_test_accuracy"] >= 0.85, summary["final_test_accuracy"]
+    assert summary["final_test_accuracy"] >= 0.9, summary["final_test_accuracy"]
     assert summary["weights_in_sync"] is True
     stats = summary["stats"]
     assert stats["final_average"] is True and stats["graph"] == "ring"

@@ -425,9 +425,9 @@ class HopProtocol(Protocol):
             finally:
                 for channel in (UPDATE, TOKEN, ABORT):
                     self._p2p.unroute(channel)
-            raise HopError(f"rank {self.rank}: training stopped at iteration {self.iteration} of "
-                           f"{self.total_iterations}; Hop needs every rank until the last iteration, so the other "
-                           "ranks were told to stop")
+            raise HopError(f"Hop: rank {self.rank} stopped training at iteration {self.iteration} of "
+                           f"{self.total_iterations}; every rank must run every iteration, so the other ranks were "
+                           "told to stop")
         error = None
         late = {}
         for channel in (UPDATE, TOKEN):
