@@ -227,7 +227,7 @@ class HopProtocol(Protocol):
         self._p2p.route(ABORT, self._on_abort)
         self._local = {"sends": 0, "sends_suppressed": 0, "update_wait_ms": 0.0, "token_wait_ms": 0.0, "jumps": 0,
                        "skipped": 0, "steps": 0, "gap_hist": np.zeros(2 * GAP_RANGE + 1, np.int64),
-                       "max_gap_behind": 0, "reduced": 0}
+                       "max_gap_behind": 0, "reduced": 0, "invariant_violations": 0}
         self._pending_tokens = 1
         self.iteration = 0
         self.total_iterations = None
@@ -307,9 +307,11 @@ class HopProtocol(Protocol):
         k0 = self.iteration
         self._local["steps"] += 1
         if self._tokens is not None:
-            counts = ops.hop_token_size(self._tokens)[0].numpy()
-            # size(j -> i) = Iter(j) - Iter(i) + max_ig before i takes its tokens (Theorem 2's invariant)
-            gaps = counts.astype(np.int64) - self.cfg.max_ig
+            counts, newest = (t.numpy().astype(np.int64) for t in ops.hop_token_size(self._tokens))
+            # size(j -> i) = Iter(j) - Iter(i) + max_ig before i takes its tokens (Theorem 2's invariant),
+            # with Iter(j) the newest iteration j announced and Iter(i) = k0 the tokens i took so far
+            gaps = counts - self.cfg.max_ig
+            self._local["invariant_violations"] += int(np.sum(gaps != newest - k0))
             np.add.at(self._local["gap_hist"], np.clip(gaps, -GAP_RANGE, GAP_RANGE) + GAP_RANGE, 1)
             self._local["max_gap_behind"] = max(self._local["max_gap_behind"], int(gaps.min()))
         if k0 + 1 >= self.total_iterations:
@@ -450,6 +452,7 @@ class HopProtocol(Protocol):
                 "update_wait_ms": float(self._stats["hop_update_wait_total_ms"].numpy()),
                 "token_wait_ms": loc["token_wait_ms"], "jumps": loc["jumps"], "iterations_skipped": loc["skipped"],
                 "tokens_at_end": tokens, "gap_histogram": loc["gap_hist"].tolist(),
+                "token_invariant_violations": loc["invariant_violations"],
                 "weight_histogram": self._weight_hist.numpy().tolist() if self._weight_hist is not None else None}
         per_rank = transport.allgather_object(mine, name="hetsync_hop_totals")
         errors = [(d["rank"], d["error"]) for d in per_rank if d["error"]]

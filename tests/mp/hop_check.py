@@ -8,8 +8,8 @@ every gradient is exactly 1 whatever w is. Rank 0 writes OUT.json with every ran
 MODE:
   closed     ring of N, w_0 = rank (no initial broadcast), SGD with learning rate 0, 6 steps, no final
              average: with zero updates X_k = (W^T)^k X_0 exactly (standard Hop, then NOTIFY-ACK).
-  straggler  ring of N, emulated device ``device:4+deterministic:3:15`` (rank 3's steps take 60 ms, the
-             others' 4 ms), SGD(0.01), 60 steps: backup_workers=1 with max_ig=3, then the same with
+  straggler  ring of N, emulated device ``device:3+deterministic:3:20`` (rank 3's steps take 60 ms, the
+             others' 3 ms), SGD(0.01), 60 steps: backup_workers=1 with max_ig=3, then the same with
              skip=3, then staleness=2; the final average is on.
   early      ring of N, 40 steps; rank 1 stops training after its 5th step: every rank must fail soon
              with the reason (not wait for a timeout).
@@ -73,7 +73,7 @@ if mode == "closed":
     out["notifyack"] = run(hetsync.NotifyAck(keras.optimizers.SGD(0.0), graph="ring", average_at_end=False), 6,
                            broadcast=False, w0=float(rank))
 elif mode == "straggler":
-    scenario = "device:4+deterministic:3:15"
+    scenario = "device:3+deterministic:3:20"
     out["backup"] = run(hetsync.Hop(keras.optimizers.SGD(0.01), graph="ring", backup_workers=1, max_ig=3), 60,
                         slowdown=scenario)
     out["skip"] = run(hetsync.Hop(keras.optimizers.SGD(0.01), graph="ring", backup_workers=1, max_ig=3, skip=3), 60,
