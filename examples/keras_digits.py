@@ -126,12 +126,14 @@ def main(argv=None):
         epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, target_accuracy=args.target_accuracy,
         fit_wall_s=wall, time_to_target_s=accuracy.time_to_target_s, final_test_accuracy=accuracy.final_accuracy,
-        accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"],
+        accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"], **accuracy.extra,
         weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6),
     )
     if rank == 0:
         ttt = summary["time_to_target_s"]
-        rows = [("protocol", summary["protocol"]), ("ranks", size), ("scenario", summary["scenario"]),
+        rows = [("protocol", summary["protocol"]), ("ranks", size if hetsync.num_servers() == 0 else
+                                                    f"{size} ({hetsync.num_workers()} workers, "
+                                                    f"{hetsync.num_servers()} servers)"), ("scenario", summary["scenario"]),
                 ("dataset", f"{args.dataset} ({len(ds.x_train)} train / {len(ds.x_test)} test)"),
                 ("steps per rank", summary["steps"]), ("wall time", f"{summary['wall_s']:.1f} s"),
                 (f"time to {args.target_accuracy:.0%}", "not reached" if ttt is None else f"{ttt:.1f} s"),

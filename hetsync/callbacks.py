@@ -188,6 +188,8 @@ class TestAccuracy(keras.callbacks.Callback):
         final_accuracy: float, accuracy of the model as ``fit`` leaves it (evaluated at
             ``on_train_end``, after callbacks placed before this one, such as the protocol's
             stop hook, have run).
+        extra: dict, the protocol's own final figures when it has a ``final_evaluation(model, x, y)``
+            method (ENSEMBLE: the mean accuracy of the local models and of their averaged predictions).
 
     Raises:
         ValueError: ``target`` outside (0, 1], ``every_steps`` not a positive int, or ``defer`` not a bool.
@@ -207,6 +209,7 @@ class TestAccuracy(keras.callbacks.Callback):
         self.x, self.y = x, np.asarray(y)
         self.target, self.every_steps, self.defer = target, every_steps, defer
         self.curve, self.time_to_target_s, self.final_accuracy = [], None, None
+        self.extra = {}
         self._is_root = runtime.rank() == 0
         self._epoch, self._steps = 0, 0
         self._pending = []
@@ -263,6 +266,9 @@ class TestAccuracy(keras.callbacks.Callback):
             self._pending = []
             self.model.set_weights(current)
         self.final_accuracy = self.accuracy()
+        hook = getattr(getattr(self.model.optimizer, "hetsync_protocol", None), "final_evaluation", None)
+        if callable(hook):
+            self.extra = dict(hook(self.model, self.x, self.y))
 
 
 class SyncMetrics(keras.callbacks.Callback):
@@ -278,7 +284,8 @@ class SyncMetrics(keras.callbacks.Callback):
     at most :data:`hetsync.slowdown.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
     more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
     completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
-    the data did not come from it). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+    the data did not come from it). A parameter-server rank writes no step records (its row in
+    ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
         log_dir: str path of the output folder (created).
@@ -309,6 +316,8 @@ class SyncMetrics(keras.callbacks.Callback):
         self._t0 = time.time()
         self._step, self._epoch = 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
+        # a parameter-server rank trains nothing (its fit serves, then runs one step that changes nothing)
+        self._serves = bool(getattr(self.protocol, "serves", False))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -320,6 +329,8 @@ class SyncMetrics(keras.callbacks.Callback):
         self._tb = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._serves:
+            return
         now = time.time()
         rec = {"step": self._step, "epoch": self._epoch, "wall_s": now - self._t0,
                "step_ms": (now - self._tb) * 1e3}
@@ -352,7 +363,9 @@ class SyncMetrics(keras.callbacks.Callback):
         t = self._totals
         t["wall_s"] = time.time() - self._t0
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
-        gathered = transport.allgather_object({k: float(t[k]) for k in self.TOTALS}, name="hetsync_metrics_totals")
+        row = {k: float(t[k]) for k in self.TOTALS}
+        row["role"] = "server" if self._serves else "worker"
+        gathered = transport.allgather_object(row, name="hetsync_metrics_totals")
         self.per_rank = [dict(row, rank=r) for r, row in enumerate(gathered)]
         for row in self.per_rank:
             for k in ("steps", "samples", "emulated_steps", "overrun_steps"):
@@ -363,6 +376,7 @@ class SyncMetrics(keras.callbacks.Callback):
             "protocol": self.protocol.name,
             "protocol_config": self.protocol.config(),
             "world_size": runtime.size(),
+            "workers": sum(1 for r in self.per_rank if r["role"] == "worker"),
             "steps": max(r["steps"] for r in self.per_rank),
             "wall_s": max(r["wall_s"] for r in self.per_rank),
             "per_rank": self.per_rank,

@@ -428,7 +428,8 @@ def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):
     """Return this rank's ``model.fit`` data kwargs for any protocol under a partition spec.
 
     ``"iid"`` calls ``protocol.fit_data(x, y, batch_size, seed)`` (DefDP, SelDP, ...).
-    ``"label-skew:K"`` gives rank n the samples of :func:`label_skew` ``(y, N, K, seed)[0][n]``
+    Data go to the workers only (:func:`hetsync.runtime.num_workers`); a parameter-server rank gets
+    ``protocol.server_fit_data``. ``"label-skew:K"`` gives worker n the samples of :func:`label_skew` ``(y, N, K, seed)[0][n]``
     and calls ``protocol.fit_local_data`` if the protocol has it (SelSync: data injection),
     else a plain per-epoch shuffled ``(x, y, batch_size)``; ``protocol.samples_per_epoch`` is set.
 
@@ -442,8 +443,11 @@ def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):
     k = parse_partition(partition)
     if k is None:
         return protocol.fit_data(x, y, batch_size, seed=seed)
-    parts, _ = label_skew(y, runtime.size(), k, seed=seed)
-    mine = parts[runtime.rank()]
+    protocol.check_roles()
+    if runtime.is_server():
+        return protocol.server_fit_data(x, y, batch_size)
+    parts, _ = label_skew(y, runtime.num_workers(), k, seed=seed)
+    mine = parts[runtime.worker_rank()]
     if hasattr(protocol, "fit_local_data"):
         return protocol.fit_local_data(x[mine], y[mine], batch_size, seed=seed)
     protocol.samples_per_epoch = len(mine)

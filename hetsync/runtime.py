@@ -17,6 +17,7 @@ import threading
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
+    "set_servers", "num_servers", "num_workers", "is_server", "worker_rank", "role",
 ]
 
 log = logging.getLogger("hetsync")
@@ -25,7 +26,7 @@ log = logging.getLogger("hetsync")
 COLLECTIVE_TIMEOUT_S = 300
 
 _lock = threading.Lock()
-_state = {"mode": None}
+_state = {"mode": None, "servers": 0}
 
 
 def _detect_mode():
@@ -147,6 +148,59 @@ def require_mpi(what):
             f"{what} needs MPI point-to-point messaging (mpi4py), but this job runs on Gloo; "
             "launch it with `horovodrun --mpi ...` or `mpirun ...`."
         )
+
+
+def set_servers(k):
+    """Make the last ``k`` ranks of the launch parameter servers (the rest are workers).
+
+    Called by a parameter-server protocol when its optimizer is wrapped (``servers=K``), and with
+    0 by every other protocol, so the roles always follow the most recently wrapped optimizer.
+
+    Args:
+        k: int in [0, size() - 1], the number of server ranks.
+
+    Raises:
+        ValueError: ``k`` is not an int, is negative, or leaves no worker (k >= size()).
+        RuntimeError: before :func:`init`.
+    """
+    n = size()
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"servers must be an int >= 0, got {k!r}")
+    if k >= n:
+        raise ValueError(f"servers={k} leaves no worker: the launch has {n} rank(s) and the last {k} would all serve "
+                         f"parameters; launch at least {k + 1} ranks or use servers <= {n - 1}")
+    _state["servers"] = k
+
+
+def num_servers():
+    """Return the number K of parameter-server ranks (int >= 0; the last K ranks of the launch)."""
+    return _state["servers"]
+
+
+def num_workers():
+    """Return the number n of worker ranks, the ranks that train (int >= 1): size() - num_servers().
+
+    Raises:
+        RuntimeError: before :func:`init`.
+    """
+    return size() - _state["servers"]
+
+
+def is_server():
+    """Return True if this rank serves parameters instead of training (it is one of the last K ranks)."""
+    return rank() >= num_workers()
+
+
+def worker_rank():
+    """Return this rank's index among the workers (int in [0, num_workers())), or None on a server rank.
+
+    Workers are ranks 0 .. n - 1, so a worker's index equals its rank."""
+    return None if is_server() else rank()
+
+
+def role():
+    """Return ``"server"`` or ``"worker"`` (this rank's role under the current protocol)."""
+    return "server" if is_server() else "worker"
 
 
 def shutdown():

@@ -117,6 +117,7 @@ def run_rates(run_dir):
 
     Args:
         run_dir: str, a folder holding ``summary.json`` and ``rank{r}.jsonl`` for every rank r.
+            Parameter-server ranks (``role: "server"`` in ``per_rank``) train nothing and are left out.
 
     Returns:
         dict with ``per_rank``: list of ``{"rank", "steps_per_s", "samples_per_s"}``;
@@ -129,7 +130,8 @@ def run_rates(run_dir):
     """
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
-    return window_rates([_rank_records(run_dir, row) for row in summary["per_rank"]], run_dir)
+    return window_rates([_rank_records(run_dir, row) for row in summary["per_rank"]
+                         if row.get("role", "worker") == "worker"], run_dir)
 
 
 def _rank_records(folder, row, jsonl=None):

@@ -14,7 +14,11 @@ from .hop import Hop, HopConfig, HopProtocol
 from .localsgd import LocalSGD, LocalSGDConfig, LocalSGDProtocol
 from .notifyack import NotifyAck, NotifyAckConfig, NotifyAckProtocol
 from .rna import RNA, RNAConfig, RNAProtocol
+from .ps import PSConfig, PSError, PSProtocol
 from .selsync import SelSync, SelSyncConfig, SelSyncProtocol
+from .shat import (ASP, SHAT, ASPConfig, ASPProtocol, Ensemble, EnsembleConfig, EnsembleProtocol, SHATConfig,
+                   SHATProtocol, SHATRoot, SHATRootConfig, SHATRootProtocol, shat_alpha)
+from .ssp import SSP, SSPConfig, SSPProtocol
 from .taskalloc import TaskAllocation, TaskAllocationConfig, TaskAllocationProtocol
 from .wrapper import load_model, protocol_of, wrap
 
@@ -24,11 +28,15 @@ __all__ = ["Protocol", "ProtocolConfig", "wrap", "protocol_of", "load_model", "W
            "SelSync", "SelSyncProtocol", "SelSyncConfig", "FedAvg", "FedAvgProtocol", "FedAvgConfig",
            "LocalSGD", "LocalSGDProtocol", "LocalSGDConfig",
            "TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig", "Hop", "HopProtocol", "HopConfig",
-           "NotifyAck", "NotifyAckProtocol", "NotifyAckConfig"]
+           "NotifyAck", "NotifyAckProtocol", "NotifyAckConfig", "PSConfig", "PSProtocol", "PSError",
+           "ASP", "ASPProtocol", "ASPConfig", "SHAT", "SHATProtocol", "SHATConfig", "SHATRoot", "SHATRootProtocol",
+           "SHATRootConfig", "Ensemble", "EnsembleProtocol", "EnsembleConfig", "shat_alpha",
+           "SSP", "SSPProtocol", "SSPConfig"]
 
 #: lowercase name -> wrapper function ``(optimizer, **config fields) -> optimizer``.
 WRAPPERS = {"bsp": BSP, "rna": RNA, "selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD,
-            "taskalloc": TaskAllocation, "hop": Hop, "notifyack": NotifyAck}
+            "taskalloc": TaskAllocation, "hop": Hop, "notifyack": NotifyAck, "asp": ASP, "shat": SHAT,
+            "ensemble": Ensemble, "shatroot": SHATRoot, "ssp": SSP}
 
 
 def get_wrapper(name):

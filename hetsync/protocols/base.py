@@ -117,6 +117,8 @@ class Protocol:
         self._final = {}
         #: samples this rank processes per epoch (int), set by :meth:`fit_data`; read by SyncMetrics.
         self.samples_per_epoch = None
+        #: a ValueError for a launch too small for the protocol's servers (raised by :meth:`check_roles`), or None.
+        self.role_error = None
         #: the run's per-rank batch size b (int samples), set by :meth:`fit_data`: the reference of
         #: the emulated device (``device:MS`` costs MS milliseconds per b samples). None if unknown.
         self.batch_size = None
@@ -132,10 +134,32 @@ class Protocol:
             raise RuntimeError(f"hetsync.{self.display_name}: call hetsync.init() before wrapping an optimizer")
         if self.requires_mpi:
             runtime.require_mpi(f"protocol {self.name!r}")
+        try:
+            runtime.set_servers(self.server_count())
+        except ValueError as exc:
+            # Wrapping only configures: a launch too small for the servers fails when the roles are
+            # first used (fit_data, train begin), before any step.
+            self.role_error = ValueError(f"{self.display_name}: {exc}")
+            runtime.set_servers(0)
         self.optimizer = optimizer
         for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs", "emulated_ms", "overrun", "overruns"):
             self.add_stat(stat)
         self.build()
+
+    def server_count(self):
+        """Return the number K of parameter-server ranks this protocol uses (int; 0 here, the
+        parameter-server protocols return their ``servers`` argument). :meth:`attach` hands it to
+        :func:`hetsync.runtime.set_servers`, which raises ValueError if it leaves no worker."""
+        return 0
+
+    def check_roles(self):
+        """Raise the ValueError of a launch too small for the protocol's servers (no worker left), if any.
+
+        Raises:
+            ValueError: ``servers`` >= the number of ranks (the message names both).
+        """
+        if self.role_error is not None:
+            raise self.role_error
 
     def build(self):
         """Create protocol state (variables, resources). Runs eagerly, before any step is traced."""
@@ -157,7 +181,9 @@ class Protocol:
     def fit_data(self, x, y, batch_size, seed=0):
         """Return this rank's ``model.fit`` data arguments for the full training set ``(x, y)``.
 
-        Default: a disjoint, equally long shard per rank (:func:`hetsync.data.shard`), reshuffled
+        Default: a disjoint, equally long shard per worker rank (:func:`hetsync.data.shard` over
+        :func:`hetsync.runtime.num_workers` workers; a parameter-server rank gets
+        :meth:`server_fit_data`), reshuffled
         every epoch, in full batches only (:class:`hetsync.partition.LocalSampler`): each epoch is
         floor(shard / batch_size) steps and the partial last batch is left out (a different
         remainder every epoch, so no sample is left out for good). A partial batch would be a step
@@ -175,20 +201,42 @@ class Protocol:
             ``steps_per_epoch`` and ``shuffle=False`` (the sampler shuffles).
 
         Raises:
-            ValueError: ``batch_size`` not an int in [1, shard size].
+            ValueError: ``batch_size`` not an int in [1, shard size], or no worker left (servers >= ranks).
         """
         from .. import data, partition
 
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"{self.name}: batch_size must be an int >= 1 (samples per rank per step), "
                              f"got {batch_size!r}")
-        rank = runtime.rank()
-        xs, ys = data.shard(x, y, rank, runtime.size(), seed=seed)
+        self.check_roles()
+        if runtime.is_server():
+            return self.server_fit_data(x, y, batch_size)
+        rank = runtime.worker_rank()
+        xs, ys = data.shard(x, y, rank, runtime.num_workers(), seed=seed)
         sampler = partition.LocalSampler(np.arange(len(xs)), int(batch_size), seed=seed, rank=rank)
         self.samples_per_epoch = sampler.steps_per_pass * int(batch_size)
         self.batch_size = int(batch_size)
         return {"x": partition.BatchDataset(xs, ys, sampler), "steps_per_epoch": sampler.steps_per_pass,
                 "shuffle": False}
+
+    def server_fit_data(self, x, y, batch_size):
+        """``model.fit`` arguments on a parameter-server rank: one batch of ``x`` (the server trains on
+        nothing: its ``fit`` serves until every worker finished, then stops after one step that
+        changes no weight). Sets :attr:`samples_per_epoch` to 0.
+
+        Args:
+            x: array [N, ...]. y: int array [N]. batch_size: int >= 1 samples (clipped to N).
+
+        Returns:
+            dict of ``model.fit`` keyword arguments (``x``, ``steps_per_epoch=1``, ``shuffle=False``).
+        """
+        from .. import partition
+
+        b = max(1, min(int(batch_size), len(x)))
+        sampler = partition.LocalSampler(np.arange(b), b)
+        self.samples_per_epoch = 0
+        self.batch_size = int(batch_size)
+        return {"x": partition.BatchDataset(x[:b], y[:b], sampler), "steps_per_epoch": 1, "shuffle": False}
 
     def step_samples(self, batch):
         """Samples this rank trains on in step ``batch`` of the current epoch (int), or None if unknown.
