@@ -35,7 +35,7 @@ def test_protocol_args_are_checked_against_the_signature():
         protocols.parse_protocol_args("bsp", ["delta=0.3"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         protocols.parse_protocol_args("bsp", ["compression"])
-    with pytest.raises(ValueError, match="unknown protocol 'nope'; known protocols: bsp"):
+    with pytest.raises(ValueError, match="unknown protocol 'nope'; known protocols: asp, bsp"):
         protocols.get_wrapper("nope")
 
 

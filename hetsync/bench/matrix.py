@@ -309,6 +309,7 @@ def analyse_run(run_dir, solo):
         "steps_per_s": rates["steps_per_s"],
         "samples_per_s": rates["samples_per_s"],
         "per_rank_samples_per_s": [p["samples_per_s"] for p in rates["per_rank"]],
+        "workers": s.get("workers", s.get("world_size")),  # parameter-server ranks train nothing
         "rates_concurrent": rates["concurrent"], "rates_window_s": rates["window"],
         "efficiency": e_measured,
         "efficiency_analytic": e_analytic,
