@@ -97,6 +97,8 @@ class Slowdown(keras.callbacks.Callback):
     sets :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
 
     Put it *first* in the callback list so the stamped start time excludes other callbacks.
+    Under a parameter-server protocol the draws are made over the n workers (``random:K``: probability
+    1/n); the spec is still checked against the whole launch.
 
     Args:
         spec: str slowdown spec (see :func:`hetsync.slowdown.parse_spec`) or a parsed Scenario.
@@ -123,12 +125,16 @@ class Slowdown(keras.callbacks.Callback):
                              f"got rank={rank!r}, world_size={world_size!r}")
         self.rank = runtime.rank() if rank is None else rank
         self.world_size = runtime.size() if world_size is None else world_size
+        self._own_world = world_size is None
         self.scenario.validate(self.world_size)
         self._rng = self.scenario.rng(seed, self.rank)
         self._step = slowdown.step_control()
         self._sync = slowdown.sync_control()
 
     def on_train_begin(self, logs=None):
+        if self._own_world and runtime.num_servers():
+            # parameter-server ranks do not step: draw as one of the n workers (random:K is 1/n per step)
+            self.world_size = runtime.num_workers()
         self._first = True
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
         self._protocol = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
