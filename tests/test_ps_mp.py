@@ -142,6 +142,7 @@ def test_ssp_gate_holds_with_a_straggler(tmp_path):
     assert summary["gate_held_replies"] > 10
     hist = summary["per_server"][0]["gate_lead_histogram"]
     assert set(hist) <= {"0", "1", "2"} and sum(hist.values()) == 120
+    assert summary["staleness_histogram"] == hist and hist.get("2", 0) > 0
     # the fast workers could not run ahead: their last step ends within a few slow steps of the straggler's
     slow_end = workers[2]["rows"][-1]["t"]
     slow_step = (workers[2]["rows"][-1]["t"] - workers[2]["rows"][10]["t"]) / 29

@@ -350,11 +350,18 @@ class PSProtocol(Protocol):
         if self.staleness_bound is not None:
             self._summary["gate_max_lead"] = max((s["gate_max_lead"] for s in servers), default=0)
             self._summary["gate_held_replies"] = sum(s["gate_held_replies"] for s in servers)
+            # SSP's staleness histogram: at each reply (the start of iteration t + 1), t + 1 - min clock, over servers
+            hist = {}
+            for s in servers:
+                for lead, count in s["gate_lead_histogram"].items():
+                    hist[lead] = hist.get(lead, 0) + count
+            self._summary["staleness_histogram"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
     def summary_stats(self):
         """End-of-run statistics: roles, shards, pushes and pulls per server, server queue wait (ms), alpha
         per worker (mean, histogram, clips), the counter conservation check, per-server and per-worker
-        details (SSP: the gate's largest lead and held replies)."""
+        details (SSP: the gate's largest lead, held replies and the staleness histogram: iteration started minus
+        the slowest clock, per reply, summed over servers)."""
         return dict(self._summary) if self._summary else super().summary_stats()
 
 
