@@ -131,6 +131,19 @@ def test_ensemble_never_changes_from_the_server(tmp_path):
     assert workers[0]["summary"]["local_model_distance_from_mean_max"] > 1e-4
 
 
+def test_shat_gives_a_slow_worker_larger_counters_and_alpha(tmp_path):
+    ranks = _run(tmp_path, "straggler", 5)
+    workers = [r for r in ranks if r["role"] == "worker"]
+    slow = workers[3]["rows"][2:]  # after the compiling steps, while the fast workers still run
+    fast = [row for w in workers[:3] for row in w["rows"][5:40]]
+    c_slow, c_fast = np.median([r["c"] for r in slow]), np.median([r["c"] for r in fast])
+    a_slow, a_fast = np.median([r["alpha"] for r in slow]), np.median([r["alpha"] for r in fast])
+    # spec section 7.6: c_slow ~ k (n - 1) = 15 (fewer here: the fast steps carry the exchange's overhead)
+    assert c_slow >= 2 * (4 - 1) and c_fast <= 4, (c_slow, c_fast)
+    assert a_slow == pytest.approx(1 - (4 / c_slow) / math.log(4), abs=0.05) and a_slow > a_fast + 0.3
+    assert a_fast == 0.0  # c ~ n - 2 + 1/k gives alpha < 0 at n = 4, clipped
+
+
 def test_ssp_gate_holds_with_a_straggler(tmp_path):
     ranks = _run(tmp_path, "ssp", 4)
     workers = [r for r in ranks if r["role"] == "worker"]

@@ -93,7 +93,8 @@ def timeline_plot(results, cell, path, window_steps=40):
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.0 + 0.55 * runs[0]["np"] * len(runs)), squeeze=False)
     for ax, r in zip(axes[:, 0], runs):
         ranks = recs[r["protocol"]]
-        t0 = min(_steady_start(x) for x in ranks)  # the first rank to reach its steady state
+        # the first rank to reach its steady state (a parameter-server rank writes no step records)
+        t0 = min(_steady_start(x) for x in ranks if x)
         for k, records in enumerate(ranks):
             for x in records:
                 end = x["wall_s"] - t0

@@ -15,6 +15,7 @@ MODE:
   ensemble    Ensemble over 1 server; records the initial and final local weights and replays plain SGD on
               the same data from the same start.
   layer       SHAT over 2 servers, layer-wise sharding, free-running (counter conservation, shard plan).
+  straggler   SHAT (natural log) on 4 workers, worker 3 five times slower: its c and alpha against the others'.
   ssp         SSP (staleness=2) with worker 2 ten times slower (emulated device), free-running.
   ssp0 / bsp  SSP with staleness 0 and learning rate eta (N - 1 workers + 1 server) / BSP with learning rate
               (N) x eta on N ranks: the final weights.
@@ -71,6 +72,26 @@ class Turns(keras.callbacks.Callback):
         nxt = (rank + 1) % self.n
         if not (nxt == 0 and self.t == self.total):
             self.p2p.send(nxt, "test.turn", self.t)
+
+
+class Barrier(keras.callbacks.Callback):
+    """After its first (compiling) step every worker waits for the others, so that steps overlap."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n, self.done = n, False
+        self.p2p = hetsync.transport.dispatcher()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.done:
+            return
+        self.done = True
+        for j in range(self.n):
+            if j != rank:
+                self.p2p.send(j, "test.ready", rank)
+        for j in range(self.n):
+            if j != rank:
+                self.p2p.recv("test.ready", source=j, timeout_s=120)
 
 
 class Recorder(keras.callbacks.Callback):
@@ -139,6 +160,12 @@ elif mode == "ensemble":
         model.fit(**fit, epochs=1, verbose=0)
         out["solo"] = flat(model).tolist()
     dump(out)
+elif mode == "straggler":
+    # 4 workers, worker 3 five times slower (100 ms against 20 ms steps); it runs 10 steps, the others 60
+    opt = hetsync.SHAT(keras.optimizers.SGD(ETA), servers=1)
+    steps = 10 if rank == 3 else 60
+    barrier = Barrier(4)  # made on every rank: the dispatcher's first use is collective
+    dump(run(opt, steps, extra=[barrier] if rank < 4 else [], slowdown="device:20+deterministic:3:5"))
 elif mode == "ssp":
     dump(run(hetsync.SSP(keras.optimizers.SGD(ETA), staleness=2, servers=1), 40, slowdown="device:3+deterministic:2:10"))
 elif mode == "ssp0":
