@@ -199,3 +199,21 @@ def test_more_servers_than_variables_fails_at_train_begin_on_every_rank(tmp_path
     proc = launch(5, [SCRIPT, "toomany", str(tmp_path / "x.json")], timeout=240)
     for r in range(5):
         assert f"ERROR rank {r}: more servers than parameters" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_example_script_unchanged_with_ensemble_reports_both_accuracies(tmp_path):
+    out = tmp_path / "run"
+    launch(3, ["examples/keras_digits.py", "--protocol", "ensemble", "--protocol-arg", "servers=1", "--epochs", "2",
+               "--out", str(out), "--quiet"], timeout=400)
+    s = read_json(out / "summary.json")
+    assert s["world_size"] == 3 and s["workers"] == 2
+    assert [r["role"] for r in s["per_rank"]] == ["worker", "worker", "server"]
+    assert s["per_rank"][2]["steps"] == 0 and s["per_rank"][2]["samples"] == 0
+    assert s["per_rank"][0]["samples"] == s["per_rank"][1]["samples"] > 0  # the data went to the 2 workers only
+    assert 0.5 < s["ensemble_mean_local_accuracy"] <= 1 and 0.5 < s["ensemble_prediction_accuracy"] <= 1
+    assert len(s["ensemble_local_accuracies"]) == 2
+    assert s["final_test_accuracy"] == pytest.approx(s["ensemble_local_accuracies"][0])
+    st = s["stats"]
+    steps = s["per_rank"][0]["steps"]
+    assert st["pushes_per_server"] == st["pulls_per_server"] == [2 * steps]
+    assert st["alpha_mean_per_worker"] == [0.0, 0.0] and not s["weights_in_sync"]

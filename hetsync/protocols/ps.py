@@ -41,6 +41,8 @@ from .ps_server import ERROR, PULL, PUSH, ParameterServer, PSError, plan_shards
 
 __all__ = ["PSConfig", "PSProtocol", "PSCallback", "PSError", "ALPHA_BINS"]
 
+#: the summary keeps each server's arrival order only for runs of at most this many pushes.
+MAX_ORDER = 20000
 #: alpha histogram bins (per worker): [0, 0.1), ..., [0.9, 1.0), exactly 1.0.
 ALPHA_BINS = 11
 
@@ -340,7 +342,9 @@ class PSProtocol(Protocol):
             "worker_wait_ms_total": sum(w["wait_ms"] for w in workers),
             "syncs": int(self._stats["syncs"].numpy()),
             "per_server": servers, "per_worker": workers,
-            "server_order": [d.get("server_order") for d in per_rank if d["role"] == "server"],
+            # the arrival order (worker rank, iteration) at every server, for runs of up to MAX_ORDER pushes
+            "server_order": [d.get("server_order") if len(d.get("server_order") or ()) <= MAX_ORDER else None
+                             for d in per_rank if d["role"] == "server"],
         }
         # Conservation (Algorithm 1): per server, sum of the returned c + sum of the final counters = (n - 1) x updates
         self._summary["counter_check"] = [
