@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from hetsync.bench import matrix  # noqa: E402
+from hetsync.bench import efficiency, matrix  # noqa: E402
 
 PY = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(PY), "horovodrun")
@@ -76,13 +76,23 @@ def run_one(label, protocol, pargs, spec, seed, args, out):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         return {"label": label, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    rec = analyse(out)
+    rec.update(label=label, protocol=protocol, args=pargs, seed=seed, launch_s=time.time() - t0)
+    return rec
+
+
+def analyse(out):
+    """The figures of one finished run folder (dict; see the module docstring)."""
     a = matrix.analyse_run(out, {})
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     stats = s.get("stats", {})
-    return {"label": label, "protocol": protocol, "args": pargs, "seed": seed, "launch_s": time.time() - t0,
-            "iterations": s["steps"], "wall_s": s["wall_s"], "iterations_per_s": a["steps_per_s"],
-            "iterations_per_s_job": s["steps"] / s["wall_s"],
+    rank0 = efficiency.read_jsonl(os.path.join(out, "rank0.jsonl"))
+    row0 = s["per_rank"][0]
+    steady0 = efficiency.steady_rate(rank0, row0["samples"] / row0["steps"])[0]
+    return {"out": out,
+            "iterations": s["steps"], "wall_s": s["wall_s"], "iterations_per_s": steady0,
+            "steps_per_s_mean_over_ranks": a["steps_per_s"], "iterations_per_s_job": s["steps"] / s["wall_s"],
             "time_to_target_s": a["time_to_target_s"], "final_test_accuracy": a["final_test_accuracy"],
             "overrun_steps": a["overrun_steps"], "emulated_steps": a["emulated_steps"],
             "overrun_fraction": a["overrun_fraction"], "weights_in_sync": s.get("weights_in_sync"),
@@ -159,6 +169,7 @@ def parse_args(argv=None):
     p.add_argument("--skip", type=int, default=10, help="J_max of the skipping configuration")
     p.add_argument("--digits", action="store_true", help="digits instead of MNIST")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch")
+    p.add_argument("--reanalyse", action="store_true", help="no runs: recompute the figures of OUT/results.json")
     args = p.parse_args(argv)
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",")]
@@ -178,7 +189,17 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     runs = []
-    for seed in args.seed_list:
+    if args.reanalyse:  # recompute every run's figures from its folder (after a change to the analysis)
+        with open(os.path.join(args.out, "results.json")) as f:
+            old = json.load(f)["runs"]
+        for r in old:
+            if "error" not in r:
+                out = r.get("out") or os.path.join(args.out, f"s{r['seed']}-{r['scenario']}-{r['label'].replace(' ', '_')}")
+                r.update(analyse(out))
+            runs.append(r)
+        args.seed_list = sorted({r["seed"] for r in runs})
+        args.scenario_list = list(dict.fromkeys(r["scenario"] for r in runs))
+    for seed in ([] if args.reanalyse else args.seed_list):
         for scenario in args.scenario_list:
             spec = scenario_spec(scenario, args)
             vs = variants(scenario, args)

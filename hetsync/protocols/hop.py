@@ -14,7 +14,8 @@ parts between compiled steps):
 1. **Enter k** (batch begin): insert one token ``[k]`` into TokenQ(i -> j) for every in-neighbour
    j (Figure 7 lines 8-10; a message to j), then **Send** the parameters x_{k,i} tagged (k, i) to
    every out-neighbour whose iteration (the newest token it sent) is not past k (section 6.2(b)),
-   and into i's own update queue (the self-loop).
+   and into i's own update queue (the self-loop). With staleness s, an out-neighbour up to s
+   iterations ahead still gets the update (it can use it); only one further ahead does not.
 2. **Compute** (the compiled step): the gradient at x_{k,i}; on an emulated device it is padded.
 3. **Recv + Reduce + Apply** (the compiled step, :meth:`HopProtocol.apply`):
    * standard (Figure 4): dequeue the |N_in(i)| updates tagged k (self included) and take their mean,
@@ -286,8 +287,11 @@ class HopProtocol(Protocol):
             self._p2p.send(j, TOKEN, (self._pending_tokens, k))
         arrays = [v.numpy() for v in self._vars]
         newest = ops.hop_token_size(self._tokens)[1].numpy() if self._tokens is not None else []
+        # Section 6.2(b): no update to a receiver that can no longer use it, one already past iteration k
+        # (backup workers), or past k + s (staleness s: it takes updates of iterations >= its own - s).
+        useful_until = k + (self.cfg.staleness or 0)
         for t, j in enumerate(self.out_neighbours):
-            if newest[t] > k:  # section 6.2(b): the receiver already left iteration k
+            if newest[t] > useful_until:
                 self._local["sends_suppressed"] += 1
                 continue
             self._p2p.send(j, UPDATE, arrays, tag=k)
