@@ -14,6 +14,10 @@ A scenario is a spec string, several joined with ``+``:
 ``device:MS``              emulated accelerator: a step of the run's per-rank batch size b takes MS
                            milliseconds on the reference device (MS x samples / b for a step of
                            another size); the other parts scale it (see below)
+``PART@RANKS``             ``PART`` (``random``, ``deterministic``, ``uniform`` or ``speeds``) applies to
+                           the listed ranks only, e.g. ``uniform:0:50@0,1+uniform:50:100@2-3`` (RNA's
+                           mixed heterogeneity, section 8.1: half the ranks 0-50 ms, half 50-100 ms);
+                           RANKS is a comma-separated list of ranks and ``A-B`` ranges
 =========================  ==========================================================================
 
 Without ``device``, "K times slower" means the step takes K times its measured compute time: the
@@ -45,7 +49,7 @@ import numpy as np
 
 __all__ = [
     "Scenario", "Component", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
-    "Device", "parse_spec", "OVERRUN_WARN_FRACTION", "step_control", "sync_control",
+    "Device", "OnRanks", "parse_spec", "OVERRUN_WARN_FRACTION", "step_control", "sync_control",
 ]
 
 
@@ -160,6 +164,37 @@ class Device(Component):
     ms: float
 
 
+@dataclasses.dataclass(frozen=True)
+class OnRanks(Component):
+    """``PART@RANKS``: the component ``part`` applies to the ranks in ``ranks`` only; the others draw
+    ``(1.0, 0.0)`` (no injection) and consume nothing from their generator.
+
+    Attributes:
+        part: a RandomSlowdown, DeterministicSlowdown, UniformDelay or Speeds (not Device or NetDelay,
+            which act on the whole launch). ranks: tuple of distinct ints >= 0, sorted.
+    """
+
+    part: Component
+    ranks: tuple
+
+    def validate(self, world_size):
+        bad = [r for r in self.ranks if r >= world_size]
+        if bad:
+            raise ValueError(f"slowdown spec part @{','.join(map(str, self.ranks))} names rank(s) {bad}, but the "
+                             f"world has ranks 0..{world_size - 1}")
+        self.part.validate(world_size)
+
+    def draw(self, rng, rank, world_size):
+        return self.part.draw(rng, rank, world_size) if rank in self.ranks else (1.0, 0.0)
+
+
+def _applies(c, rank):
+    """The component acting on ``rank``: ``c`` itself, the inner part of an OnRanks that lists it, or None."""
+    if isinstance(c, OnRanks):
+        return c.part if rank in c.ranks else None
+    return c
+
+
 #: fraction of overrun steps above which an emulated run is invalid (warned on rank 0, marked by the bench).
 OVERRUN_WARN_FRACTION = 0.01
 
@@ -176,10 +211,38 @@ def _num(text, what, spec, minimum=None, integer=False):
 
 
 _USAGE = ("allowed: none, random:K, deterministic:RANK:K, uniform:A_MS:B_MS, speeds:S0,S1,..., "
-          "netdelay:MS, device:MS, joined with '+'")
+          "netdelay:MS, device:MS, joined with '+'; PART@RANKS (e.g. uniform:0:50@0,1 or @2-3) restricts "
+          "random, deterministic, uniform or speeds to some ranks")
+
+
+def _parse_ranks(text, part):
+    """Parse the RANKS of ``PART@RANKS`` (``"0,1"``, ``"2-3"``, ``"0,4-5"``) into a sorted tuple of distinct ints."""
+    ranks = []
+    for item in text.split(","):
+        item = item.strip()
+        lo, dash, hi = item.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if dash else a
+        except ValueError:
+            raise ValueError(f"slowdown spec {part!r}: RANKS after '@' must be ranks or A-B ranges separated by "
+                             f"commas, got {item!r}") from None
+        if a < 0 or b < a:
+            raise ValueError(f"slowdown spec {part!r}: bad rank range {item!r} (need 0 <= A <= B)")
+        ranks.extend(range(a, b + 1))
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"slowdown spec {part!r}: a rank is listed twice after '@'")
+    return tuple(sorted(ranks))
 
 
 def _parse_one(part):
+    if "@" in part:
+        inner, _, ranks = part.rpartition("@")
+        component = _parse_one(inner.strip())
+        if isinstance(component, (Device, NetDelay, OnRanks)):
+            raise ValueError(f"slowdown spec {part!r}: only random, deterministic, uniform and speeds can be "
+                             f"restricted to ranks with '@' (device and netdelay act on the whole launch)")
+        return OnRanks(component, _parse_ranks(ranks, part))
     name, _, rest = part.partition(":")
     args = rest.split(":") if rest else []
     arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1, "device": 1}
@@ -219,7 +282,7 @@ class Scenario:
     Attributes:
         spec: str, the normalised spec string ("none" if empty).
         components: tuple of RandomSlowdown / DeterministicSlowdown / UniformDelay / Speeds / NetDelay /
-            Device.
+            Device / OnRanks.
     """
 
     spec: str
@@ -233,9 +296,11 @@ class Scenario:
         return ms[0] if ms else None
 
     def expected_extra_ms(self, rank, world_size):
-        """Mean additive delay of ``rank`` in milliseconds per step (sum of the ``uniform`` means)."""
-        del rank, world_size  # the same for every rank
-        return float(sum((c.low_ms + c.high_ms) / 2 for c in self.components if isinstance(c, UniformDelay)))
+        """Mean additive delay of ``rank`` in milliseconds per step (sum of the means of the ``uniform`` parts
+        acting on ``rank``)."""
+        del world_size
+        parts = [_applies(c, rank) for c in self.components]
+        return float(sum((c.low_ms + c.high_ms) / 2 for c in parts if isinstance(c, UniformDelay)))
 
     def expected_step_ms(self, rank, world_size, samples=1, batch_size=1):
         """Expected emulated duration of one step of ``rank`` in milliseconds (``device`` scenarios only).
@@ -295,6 +360,7 @@ class Scenario:
         """Mean slowdown factor of ``rank`` ignoring additive delays (used for reporting)."""
         factor = 1.0
         for c in self.components:
+            c = _applies(c, rank)
             if isinstance(c, RandomSlowdown):
                 factor *= 1.0 + (c.k - 1.0) / world_size
             elif isinstance(c, (DeterministicSlowdown, Speeds)):

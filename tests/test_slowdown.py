@@ -78,3 +78,38 @@ def test_uniform_draws_stay_in_range():
     extras = np.array([s.draw(rng, 2, 4)[1] for _ in range(5000)])
     assert extras.min() >= 10 and extras.max() <= 30
     assert abs(extras.mean() - 20) < 0.5
+
+
+def test_a_part_restricted_to_ranks_acts_on_those_ranks_only():
+    # RNA section 8.1's mixed heterogeneity: half the ranks 0-50 ms, half 50-100 ms per step
+    s = sd.parse_spec("device:40+uniform:0:50@0,1+uniform:50:100@2-3")
+    assert s.components[1] == sd.OnRanks(sd.UniformDelay(0.0, 50.0), (0, 1))
+    assert s.components[2] == sd.OnRanks(sd.UniformDelay(50.0, 100.0), (2, 3))
+    s.validate(4)
+    for rank, (lo, hi) in [(0, (0, 50)), (1, (0, 50)), (2, (50, 100)), (3, (50, 100))]:
+        rng = s.rng(0, rank)
+        draws = [s.draw(rng, rank, 4) for _ in range(200)]
+        assert all(f == 1.0 and lo <= e <= hi for f, e in draws)
+        assert s.expected_extra_ms(rank, 4) == (lo + hi) / 2
+        assert s.expected_step_ms(rank, 4) == 40 + (lo + hi) / 2
+    k = sd.parse_spec("random:6@1+deterministic:0:3@0")
+    assert k.expected_factor(1, 4) == pytest.approx(1 + 5 / 4) and k.expected_factor(0, 4) == 3.0
+    assert k.expected_factor(2, 4) == 1.0 and k.draw(k.rng(0, 2), 2, 4) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("uniform:0:50@0,x", "RANKS after '@' must be ranks or A-B ranges"),
+    ("uniform:0:50@3-1", "bad rank range '3-1'"),
+    ("uniform:0:50@1,1", "listed twice"),
+    ("device:40@0", "only random, deterministic, uniform and speeds"),
+    ("netdelay:5@0", "only random, deterministic, uniform and speeds"),
+    ("uniform:0:50@", "RANKS after '@'"),
+])
+def test_bad_rank_restrictions_name_the_problem(spec, message):
+    with pytest.raises(ValueError, match=message):
+        sd.parse_spec(spec)
+
+
+def test_a_rank_restriction_beyond_the_world_is_rejected():
+    with pytest.raises(ValueError, match=r"names rank\(s\) \[4\], but the world has ranks 0..3"):
+        sd.parse_spec("uniform:50:100@2-4").validate(4)
