@@ -16,8 +16,8 @@ point-to-point dispatcher), ``hetsync.protocols.<name>`` (one module per protoco
 (horovod's stall timeout, OpenMPI's yield when oversubscribed).
 """
 from . import callbacks, data, ops, partition, protocols, slowdown, transport
-from .protocols import (ASP, BSP, RNA, SHAT, SSP, Ensemble, FedAvg, Hop, LocalSGD, NotifyAck, Protocol, SelSync,
-                        SHATRoot, TaskAllocation, load_model)
+from .protocols import (ASP, BSP, RNA, SHAT, SSP, Ensemble, FedAvg, HierarchicalRNA, Hop, LocalSGD, NotifyAck,
+                        Protocol, SelSync, SHATRoot, TaskAllocation, load_model)
 from .runtime import (init, is_server, launch_mode, local_rank, local_size, mpi_enabled, num_servers, num_workers,
                       rank, role, shutdown, size, worker_rank)
 
@@ -27,6 +27,6 @@ __all__ = [
     "init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown", "load_model",
     "num_workers", "num_servers", "is_server", "worker_rank", "role",
     "BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
-    "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP",
+    "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP", "HierarchicalRNA",
     "callbacks", "data", "ops", "partition", "protocols", "slowdown", "transport",
 ]

@@ -14,6 +14,7 @@ from .hop import Hop, HopConfig, HopProtocol
 from .localsgd import LocalSGD, LocalSGDConfig, LocalSGDProtocol
 from .notifyack import NotifyAck, NotifyAckConfig, NotifyAckProtocol
 from .rna import RNA, RNAConfig, RNAProtocol
+from .rnah import HierarchicalRNA, HierarchicalRNAConfig, HierarchicalRNAProtocol, RNAHError
 from .ps import PSConfig, PSError, PSProtocol
 from .selsync import SelSync, SelSyncConfig, SelSyncProtocol
 from .shat import (ASP, SHAT, ASPConfig, ASPProtocol, Ensemble, EnsembleConfig, EnsembleProtocol, SHATConfig,
@@ -31,12 +32,14 @@ __all__ = ["Protocol", "ProtocolConfig", "wrap", "protocol_of", "load_model", "W
            "NotifyAck", "NotifyAckProtocol", "NotifyAckConfig", "PSConfig", "PSProtocol", "PSError",
            "ASP", "ASPProtocol", "ASPConfig", "SHAT", "SHATProtocol", "SHATConfig", "SHATRoot", "SHATRootProtocol",
            "SHATRootConfig", "Ensemble", "EnsembleProtocol", "EnsembleConfig", "shat_alpha",
-           "SSP", "SSPProtocol", "SSPConfig"]
+           "SSP", "SSPProtocol", "SSPConfig", "HierarchicalRNA", "HierarchicalRNAProtocol", "HierarchicalRNAConfig",
+           "RNAHError"]
 
 #: lowercase name -> wrapper function ``(optimizer, **config fields) -> optimizer``.
 WRAPPERS = {"bsp": BSP, "rna": RNA, "selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD,
             "taskalloc": TaskAllocation, "hop": Hop, "notifyack": NotifyAck, "asp": ASP, "shat": SHAT,
-            "ensemble": Ensemble, "shatroot": SHATRoot, "ssp": SSP}
+            "ensemble": Ensemble, "shatroot": SHATRoot, "ssp": SSP,
+            "rnah": HierarchicalRNA}
 
 
 def get_wrapper(name):

@@ -129,13 +129,16 @@ def check_value(owner, name, value, hint, meta):
     Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``typing.Literal[...]`` of str,
     ``typing.Tuple[int, ...]`` and ``typing.Optional[...]`` of these. Metadata keys: ``label``
     (the name in messages, default ``name``), ``ge``/``gt``/``le``/``lt`` bounds, ``unit``,
-    ``none`` (the meaning of None), ``allow_inf`` (floats).
+    ``none`` (the meaning of None), ``allow_inf`` (floats), ``check`` (a callable ``(owner, label, value)``
+    that checks and normalises the value itself, whatever the annotation).
 
     Raises:
         ValueError: the value does not fit (see the ``check_*`` functions).
         TypeError: an annotation this function does not support (a programming error).
     """
     label = meta.get("label", name)
+    if meta.get("check") is not None:  # a field-specific check (param(check=...)) replaces the annotation's
+        return meta["check"](owner, label, value)
     none = None
     args = typing.get_args(hint)
     if typing.get_origin(hint) is typing.Union and type(None) in args:

@@ -23,7 +23,8 @@ from . import _checks
 __all__ = ["ProtocolConfig", "param"]
 
 
-def param(default, doc, *, label=None, ge=None, gt=None, le=None, lt=None, unit=None, none=None, allow_inf=False):
+def param(default, doc, *, label=None, ge=None, gt=None, le=None, lt=None, unit=None, none=None, allow_inf=False,
+          check=None, parse=None):
     """Declare one configuration field (a :func:`dataclasses.field` with metadata).
 
     Args:
@@ -34,12 +35,15 @@ def param(default, doc, *, label=None, ge=None, gt=None, le=None, lt=None, unit=
         unit: str, the unit named in error messages (e.g. ``"seconds"``).
         none: str, what None means when the annotation is Optional (error messages).
         allow_inf: bool, a float field may be infinite.
+        check: callable ``(owner, label, value) -> normalised value`` raising ValueError, for a field whose
+            type the shared checks do not cover (e.g. RNA-H's ``groups``: ``"auto"`` or lists of ranks).
+        parse: callable ``(text) -> value`` converting the CLI text of such a field (ValueError if bad).
 
     Returns:
         a ``dataclasses.Field``.
     """
     meta = {"doc": doc, "label": label, "ge": ge, "gt": gt, "le": le, "lt": lt, "unit": unit, "none": none,
-            "allow_inf": allow_inf}
+            "allow_inf": allow_inf, "check": check, "parse": parse}
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
 
 
@@ -106,6 +110,8 @@ class ProtocolConfig:
             raise ValueError(f"protocol {cls.owner} takes no argument {key!r}; its arguments: {allowed}")
         hint = typing.get_type_hints(cls)[key]
         text = text.strip()
+        if fields[key].metadata.get("parse") is not None:
+            return fields[key].metadata["parse"](text)
         args = typing.get_args(hint)
         if typing.get_origin(hint) is typing.Union and type(None) in args:
             if text in ("None", "none", "null"):

@@ -44,6 +44,8 @@ class Controller:
             ``seed``). drift_every: int, the resolved drift period (rounds; 0 never).
         world_size: int n. send: callable ``(dest, message)`` (non-blocking).
         first_round: int, the id of the next round (ids keep increasing across fits).
+        members: list of the ranks this controller serves (default: all n ranks; hierarchical RNA,
+            :mod:`hetsync.protocols.rnah`, runs one controller per group of ranks).
 
     Attributes:
         round: int, the id of the round being probed for. done: {rank: steps} of finished ranks.
@@ -51,8 +53,9 @@ class Controller:
         probe-to-answer times (milliseconds). reprobes: int. final_sent: bool. final_reason: str or None.
     """
 
-    def __init__(self, cfg, drift_every, world_size, send, first_round=0):
+    def __init__(self, cfg, drift_every, world_size, send, first_round=0, members=None):
         self.cfg, self.drift_every, self.n, self._send = cfg, drift_every, world_size, send
+        self.members = list(range(world_size)) if members is None else sorted(int(r) for r in members)
         self.rng = np.random.default_rng(cfg.seed)
         self.round = first_round
         self.done = {}
@@ -66,8 +69,8 @@ class Controller:
         self.reprobes = 0
 
     def active(self):
-        """Ranks that have not reported "done" (list of ints)."""
-        return [r for r in range(self.n) if r not in self.done]
+        """Member ranks that have not reported "done" (list of ints)."""
+        return [r for r in self.members if r not in self.done]
 
     def send_probes(self):
         """Probe ``probes`` random active ranks (power-of-d choices) for the current round."""
@@ -79,26 +82,38 @@ class Controller:
             self._send(r, ("probe", self.round))
 
     def announce_final(self, reason, error=None):
-        """Announce the final round to every rank (``error``: the message every rank raises, or None)."""
-        for r in range(self.n):
+        """Announce the final round to every member (``error``: the message every rank raises, or None)."""
+        for r in self.members:
             self._send(r, ("final", reason, error))
         self.final_sent = True
         self.final_reason = reason
 
+    def round_message(self, r, initiator):
+        """The announcement of round ``r`` (tuple ``("round", r, initiator, average, drift)``; every
+        ``average_every``-th round averages the parameters, every ``drift_every``-th measures the drift)."""
+        k = r + 1
+        average = self.cfg.average_every > 0 and k % self.cfg.average_every == 0
+        drift = self.drift_every > 0 and k % self.drift_every == 0
+        return ("round", r, initiator, average, drift)
+
+    def on_other(self, src, msg):
+        """Handle a message of a kind this controller does not know (ignored here; subclasses extend)."""
+
     def on_message(self, src, msg):
-        """Handle one message from rank ``src``: a "ready" answer, a "done" report or an "error"."""
+        """Handle one message from rank ``src``: a "ready" answer, a "done" report or an "error"
+        (other kinds go to :meth:`on_other`; "ready" and "done" from non-members are ignored)."""
         kind = msg[0]
+        if kind in ("ready", "done") and src not in self.members:
+            return  # sent to this rank's controller of an earlier grouping
         if kind == "ready":
             if msg[1] != self.round or self.final_sent:
                 return  # an expired probe's late answer
             r = self.round
             self.response_ms.append((time.monotonic() - self.probe_t0) * 1e3)
             self.initiators[src] += 1
-            k = r + 1
-            average = self.cfg.average_every > 0 and k % self.cfg.average_every == 0
-            drift = self.drift_every > 0 and k % self.drift_every == 0
-            for dst in range(self.n):
-                self._send(dst, ("round", r, src, average, drift))
+            announcement = self.round_message(r, src)
+            for dst in self.members:
+                self._send(dst, announcement)
             self.round += 1
             self.last_progress = time.monotonic()
             self.send_probes()
@@ -113,6 +128,8 @@ class Controller:
         elif kind == "error":
             if not self.final_sent:
                 self.announce_final(f"rank {src} failed", error=msg[1])
+        else:
+            self.on_other(src, msg)
 
     def check_timeouts(self):
         """End without the unfinished ranks after ``finish_timeout_s`` idle seconds once some rank is
@@ -145,14 +162,20 @@ class RoundLoop:
             initiator, average, drift)`` and ``done_steps`` (None while training, then the number
             of steps this rank ran).
         timeout_s: float seconds (RNA's ``timeout_s``). poll_ms: float milliseconds, the idle wait.
+        controller_rank: int, the rank whose controller this rank follows (default :data:`CONTROLLER_RANK`).
+
+    A ``("regroup", ...)`` message from the controller (hierarchical RNA) hands its arguments to the
+    participant's ``regroup(...)``, which returns ``(controller or None, controller_rank)``: from then on
+    this rank follows that controller (its pending probe is dropped and "done" is reported again).
 
     Attributes:
         probes_answered, probes_expired: ints. final_reason: str or None. error: str or None, the
         error announced in the final round.
     """
 
-    def __init__(self, p2p, rank, controller, participant, timeout_s, poll_ms):
+    def __init__(self, p2p, rank, controller, participant, timeout_s, poll_ms, controller_rank=CONTROLLER_RANK):
         self.p2p, self.rank, self.ctl, self.part = p2p, rank, controller, participant
+        self.controller_rank = int(controller_rank)
         self.timeout_s, self.poll_ms = float(timeout_s), float(poll_ms)
         self.probes_answered = self.probes_expired = 0
         self.final_reason = None
@@ -160,7 +183,7 @@ class RoundLoop:
 
     def send_to_controller(self, msg):
         """Send ``msg`` to the controller (channel :data:`TO_CONTROLLER`)."""
-        self.p2p.send(CONTROLLER_RANK, TO_CONTROLLER, msg)
+        self.p2p.send(self.controller_rank, TO_CONTROLLER, msg)
 
     def run(self):
         """Loop until the final round. Returns normally then (``error`` holds an announced error).
@@ -185,7 +208,7 @@ class RoundLoop:
                     self.ctl.on_message(m.source, m.obj)
                 self.ctl.check_timeouts()
             while True:
-                m = self.p2p.poll(CONTROL, source=CONTROLLER_RANK)
+                m = self.p2p.poll(CONTROL, source=self.controller_rank)
                 if m is None:
                     break
                 msg = m.obj
@@ -198,6 +221,12 @@ class RoundLoop:
                         probe = None
                         self.probes_expired += 1
                     self.part.join_round(*msg[1:])
+                elif msg[0] == "regroup":
+                    self.ctl, self.controller_rank = self.part.regroup(*msg[1:])
+                    probe, sent_done = None, False
+                    if self.ctl is not None and not self.ctl.final_sent:
+                        self.ctl.send_probes()
+                    break  # poll the new controller
                 else:  # final
                     self.final_reason, self.error = msg[1], msg[2]
                     return
@@ -209,7 +238,7 @@ class RoundLoop:
                 self.send_to_controller(("done", self.part.done_steps))
                 sent_done = True
             if time.monotonic() - last_heard > worker_timeout:
-                raise RuntimeError(f"rank {self.rank}: no message from the RNA controller (rank {CONTROLLER_RANK}) "
+                raise RuntimeError(f"rank {self.rank}: no message from the RNA controller (rank {self.controller_rank}) "
                                    f"for {worker_timeout:g} s (timeout_s={self.timeout_s:g})")
             if progressed:
                 continue
