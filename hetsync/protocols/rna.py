@@ -2,7 +2,7 @@
 
 Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
 Clusters" (Middleware '20), sections 3.1-3.3 and 6 (flat RNA; the hierarchical groups of section 4
-are not implemented here). This module holds the update rule; the controller's initiator choice
+are :mod:`hetsync.protocols.rnah`). This module holds the update rule; the controller's initiator choice
 and the message loop are in :mod:`hetsync.protocols.rna_control`.
 
 How one rank works
