@@ -293,7 +293,7 @@ def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
         assert all(0 <= p["accuracy"] <= 1 for p in r["accuracy_curve"])
         assert r["steps_per_s"] > 0 and r["samples_per_s"] > 0 and len(r["per_rank_samples_per_s"]) == r["workers"]
         # parameter-server protocols: 1 worker + 1 server (servers=1) on 2 ranks; the others train on both
-        assert r["workers"] == (1 if r["protocol"] in ("asp", "shat", "shatroot", "ensemble", "ssp") else 2)
+        assert r["workers"] == (1 if r["protocol"] in ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah") else 2)
         assert r["time_to_target_s"] is None or r["time_to_target_s"] >= 0
         for k in ("samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio"):
             assert r[k] > 0, (r["protocol"], k)
