@@ -18,6 +18,17 @@ CONFIGS = {
             "timeout_s": 30.0},
     "notifyack": {"graph": "complete", "average_at_end": False, "timeout_s": 30.0},
 }
+# parameter-server protocols: a single process has no server rank to train with (servers >= ranks is
+# refused), so these are saved after building the optimizer, not after a training step
+PS_CONFIGS = {
+    "asp": {"servers": 2, "sharding": "layer", "timeout_s": 30.0},
+    "shat": {"servers": 2, "sharding": "layer", "timeout_s": 30.0, "log_base": 2.0},
+    "shatroot": {"servers": 3, "sharding": "layer", "timeout_s": 40.0},
+    "ensemble": {"servers": 2, "sharding": "layer", "timeout_s": 50.0},
+    "ssp": {"servers": 2, "sharding": "layer", "timeout_s": 30.0, "staleness": 5},
+    "rnah": {"groups": [[0, 1], [2]], "sync_every": 3, "warmup_steps": 7, "servers": 2, "sharding": "layer",
+             "probes": 1, "max_staleness": 2, "average_every": 4, "timeout_s": 30.0, "seed": 5},
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,7 +37,8 @@ def _init():
 
 
 def test_every_registered_protocol_is_covered():
-    assert sorted(CONFIGS) == sorted(hetsync.protocols.WRAPPERS)
+    assert sorted({**CONFIGS, **PS_CONFIGS}) == sorted(hetsync.protocols.WRAPPERS)
+    assert not set(CONFIGS) & set(PS_CONFIGS)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -72,6 +84,33 @@ def test_save_and_load_restores_protocol_config_and_weights(name, base, tmp_path
     fit["steps_per_epoch"] = 1
     loaded.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(lopt))
     assert int(lopt.iterations.numpy()) == 2
+
+
+@pytest.mark.parametrize("name", sorted(PS_CONFIGS))
+@pytest.mark.parametrize("base", [keras.optimizers.SGD, keras.optimizers.Adam])
+def test_parameter_server_protocols_come_back_with_their_config(name, base, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    opt = hetsync.protocols.get_wrapper(name)(base(learning_rate=0.05), **PS_CONFIGS[name])
+    model.compile(opt, "sparse_categorical_crossentropy")
+    opt.build(model.trainable_variables)
+    display = hetsync.protocols.get_wrapper(name).__name__
+    assert type(opt).__name__ == f"{display}_{base.__name__}"
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+
+    loaded = hetsync.load_model(path)
+    lopt = loaded.optimizer
+    assert type(lopt) is type(opt) and isinstance(lopt, base)
+    proto = lopt.hetsync_protocol
+    assert proto is not opt.hetsync_protocol and proto.optimizer is lopt and proto.name == name
+    assert proto.cfg == opt.hetsync_protocol.cfg and proto.config() == opt.hetsync_protocol.config()
+    for key, value in PS_CONFIGS[name].items():  # the non-default values survived the round trip
+        got = getattr(proto.cfg, key)
+        assert (list(map(list, got)) if key == "groups" else got) == value, key
+    assert float(lopt.learning_rate.numpy()) == pytest.approx(0.05)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        assert np.array_equal(a, b)
 
 
 def test_plain_keras_load_model_also_rewraps_once_hetsync_is_imported(tmp_path):
