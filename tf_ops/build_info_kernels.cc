@@ -3,6 +3,16 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/public/version.h"
+// TensorFlow 2.21 moved TF_VERSION_STRING (and the TF_*_VERSION macros) out of version.h into
+// release_version.h; older releases have no such header. Include it where it exists.
+#if defined(__has_include)
+#if __has_include("tensorflow/core/public/release_version.h")
+#include "tensorflow/core/public/release_version.h"
+#endif
+#endif
+#ifndef TF_VERSION_STRING
+#error "hetsync: TF_VERSION_STRING not found in tensorflow/core/public/{version,release_version}.h"
+#endif
 
 namespace hetsync {
 
