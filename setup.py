@@ -12,6 +12,7 @@ second interpreter run in isolated mode, ``python -I``, which sees the target
 environment's site-packages) and with ``pip install -e .``.
 """
 import glob
+import itertools
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _TF_QUERY = (
     "import json, tensorflow as tf;"
     "print(json.dumps({'version': tf.__version__,"
+    " 'include': tf.sysconfig.get_include(),"
     " 'cflags': tf.sysconfig.get_compile_flags(),"
     " 'lflags': tf.sysconfig.get_link_flags()}))"
 )
@@ -50,6 +52,27 @@ def tensorflow_build_config():
     )
 
 
+def release_version_defines(cfg):
+    """``-D`` flags TensorFlow's ``release_version.h`` needs, or ``[]`` where it does not exist.
+
+    TensorFlow 2.21 moved ``TF_VERSION_STRING`` from ``version.h`` to ``release_version.h``, which
+    builds it from ``TF_MAJOR_VERSION``, ``TF_MINOR_VERSION``, ``TF_PATCH_VERSION`` and
+    ``TF_VERSION_SUFFIX``; TensorFlow's own build passes those on the command line, the wheel's
+    headers do not define them. They are taken here from the installed TensorFlow's version
+    (``"2.21.0"`` -> 2, 21, 0, ``""``; ``"2.21.0rc1"`` -> suffix ``"-rc1"``).
+    """
+    header = os.path.join(cfg["include"], "tensorflow", "core", "public", "release_version.h")
+    if not os.path.exists(header):
+        return []
+    major, minor, rest = cfg["version"].split(".", 2)
+    patch = "".join(itertools.takewhile(str.isdigit, rest)) or "0"
+    suffix = rest[len(patch):]
+    if suffix and not suffix.startswith("-"):
+        suffix = "-" + suffix
+    return [f"-DTF_MAJOR_VERSION={int(major)}", f"-DTF_MINOR_VERSION={int(minor)}",
+            f"-DTF_PATCH_VERSION={int(patch)}", f'-DTF_VERSION_SUFFIX="{suffix}"']
+
+
 def library_tag(tf_version):
     """``"2.18.1"`` -> ``"tf2_18_1"``: the TensorFlow part of the op library's module name."""
     return "tf" + "".join(c if c.isalnum() else "_" for c in tf_version)
@@ -71,7 +94,7 @@ class BuildTFOps(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = ["-O2", "-fPIC", "-std=c++17", "-Wno-sign-compare"] + [
                 f for f in cfg["cflags"] if not f.startswith("-std=")
-            ]
+            ] + release_version_defines(cfg)
             ext.extra_link_args = list(cfg["lflags"])
         # setuptools' default compiler driver is gcc; the ops are C++.
         cxx = os.environ.get("CXX", "g++")

@@ -17,7 +17,8 @@ import tensorflow as tf
 from . import runtime, slowdown, transport
 from .protocols.wrapper import protocol_of
 
-__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "standard"]
+__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "MetricAverage",
+           "on_rank0", "standard"]
 
 log = logging.getLogger("hetsync")
 
@@ -76,6 +77,7 @@ class ProtocolHooks(keras.callbacks.Callback):
         self.protocol = protocol_of(optimizer)
 
     def on_train_begin(self, logs=None):
+        self.protocol.check_fit(self.model)
         self.protocol.start()
 
     def on_train_end(self, logs=None):
@@ -129,6 +131,11 @@ class Slowdown(keras.callbacks.Callback):
         self._sync = slowdown.sync_control()
 
     def on_train_begin(self, logs=None):
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        if spe != 1:
+            raise ValueError(f"Slowdown: model.compile(steps_per_execution={spe}) is not supported with a straggler "
+                             "scenario; the scenario stamps every step's start before it runs, so it needs "
+                             "steps_per_execution=1")
         self._first = True
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
         self._protocol = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
@@ -307,11 +314,12 @@ class SyncMetrics(keras.callbacks.Callback):
         self._file = open(os.path.join(self.log_dir, f"rank{self.rank}.jsonl"), "w")
         self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard")) if self.rank == 0 else None
         self._t0 = time.time()
-        self._step, self._epoch = 0, 0
+        self._step, self._epoch, self._epoch_steps = 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._epoch_steps = 0
 
     def on_epoch_end(self, epoch, logs=None):
         self._totals["samples"] += self.protocol.samples_per_epoch or 0
@@ -329,10 +337,14 @@ class SyncMetrics(keras.callbacks.Callback):
             except (TypeError, ValueError):
                 pass
         rec.update(self.protocol.step_stats())
+        # With steps_per_execution k > 1 Keras calls this once per k steps, with the last step's index.
+        done = max(1, int(batch) + 1 - self._epoch_steps)
+        self._epoch_steps = int(batch) + 1
+        rec["steps_in_call"] = done
         self._file.write(json.dumps(rec) + "\n")
-        self._step += 1
+        self._step += done
         t = self._totals
-        t["steps"] += 1
+        t["steps"] += done
         t["step_ms_mean"] += rec["step_ms"]
         t["delay_ms_total"] += rec.get("delay_ms", 0.0)
         t["compute_ms_total"] += rec.get("compute_ms", 0.0)
@@ -392,6 +404,65 @@ class SyncMetrics(keras.callbacks.Callback):
                 json.dump(self.summary, f, indent=2, sort_keys=True)
             os.replace(path + ".tmp", path)
         return self.summary
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Average the epoch's logged metrics over all ranks at every epoch end (horovod's
+    ``MetricAverageCallback``).
+
+    Each rank's ``logs`` (loss, metrics, and ``val_*`` after validation) hold its own data's values;
+    at ``on_epoch_end`` every numeric entry is replaced *in place* by its mean over the ranks
+    (one :func:`hetsync.transport.allgather_object` per epoch), so callbacks placed after this one
+    (``ModelCheckpoint(save_best_only=True)``, ``EarlyStopping``, ``ReduceLROnPlateau``, the
+    progress bar, the ``History`` returned by ``fit``) see the same values on every rank and
+    decide alike. Place it before them. A key present on some ranks only is left unaveraged and
+    named in a ``ValueError``, since the ranks would otherwise disagree.
+
+    Raises:
+        ValueError: the ranks logged different metric names (at the epoch end).
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        mine = {}
+        for k, v in logs.items():
+            try:
+                mine[k] = float(v)
+            except (TypeError, ValueError):
+                pass
+        gathered = transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
+        keys = set(gathered[0])
+        if any(set(g) != keys for g in gathered):
+            raise ValueError(f"MetricAverage: the ranks logged different metrics at epoch {epoch}: "
+                             f"{[sorted(g) for g in gathered]}")
+        for k in keys:
+            logs[k] = float(np.mean([g[k] for g in gathered]))
+
+
+def on_rank0(*callbacks):
+    """Return ``callbacks`` as a list on rank 0 and ``[]`` on every other rank.
+
+    For callbacks that write files (``keras.callbacks.ModelCheckpoint``, ``TensorBoard``,
+    ``CSVLogger``, ``BackupAndRestore``): one writer, no clobbering. Under the protocols that
+    leave every rank with the same model (BSP, task allocation, and the others after their
+    end-of-training average) rank 0's model is the model; under RNA, SelSync, local SGD and FedAvg
+    a checkpoint taken during training holds rank 0's replica. Put :class:`MetricAverage` before
+    them in the callback list so ``save_best_only`` compares averaged metrics.
+
+    Args:
+        *callbacks: ``keras.callbacks.Callback`` instances.
+
+    Returns:
+        list of keras.callbacks.Callback.
+
+    Raises:
+        TypeError: an argument is not a Keras callback.
+    """
+    for cb in callbacks:
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"on_rank0 takes Keras callbacks, got {type(cb).__name__}: {cb!r}")
+    return list(callbacks) if runtime.rank() == 0 else []
 
 
 def standard(optimizer, root_rank=0):

@@ -98,12 +98,14 @@ build_horovod() {
     extra_cxxflags="-I${shim} -I${tf_inc}/external/highwayhash -I${tf_inc}/external/farmhash_archive/src"
     log "TensorFlow ${TF_VERSION}: extra CXXFLAGS for horovod: ${extra_cxxflags}"
   fi
+  # --no-cache-dir: pip's own wheel cache is keyed by the sdist, not by the TensorFlow it was built
+  # against, and would hand a TF 2.18 build to a TF 2.21 venv (undefined absl symbols at import).
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
   HOROVOD_CMAKE="$cmake_bin" \
   CXXFLAGS="${CXXFLAGS:-} ${extra_cxxflags}" \
   MAKEFLAGS="-j$(nproc)" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$wheeldir" "horovod==${HOROVOD_VERSION}" || rc=$?
+    "${PIP[@]}" wheel --no-cache-dir --no-build-isolation --no-deps -w "$wheeldir" "horovod==${HOROVOD_VERSION}" || rc=$?
   [ -z "$shim" ] || rm -rf "$shim"
   return $rc
 }
@@ -112,7 +114,10 @@ build_horovod() {
 # horovod's compiled library is tied to the TensorFlow it was built against: the venv records that
 # version, and a venv switched to another TensorFlow gets the matching wheel.
 HVD_MARK="${VENV}/.hetsync-horovod-tf"
-if ! have horovod "$HOROVOD_VERSION" || [ "$(cat "$HVD_MARK" 2>/dev/null)" != "$TF_VERSION" ]; then
+horovod_works() {  # horovod's TensorFlow ops load against this TensorFlow, with MPI and Gloo
+  "$PY" -c 'import horovod.tensorflow as h, sys; sys.exit(0 if h.mpi_built() and h.gloo_built() else 1)' >/dev/null 2>&1
+}
+if ! have horovod "$HOROVOD_VERSION" || [ "$(cat "$HVD_MARK" 2>/dev/null)" != "$TF_VERSION" ] || ! horovod_works; then
   PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
   WHEELDIR="${CACHE}/horovod-${HOROVOD_VERSION}-tf${TF_VERSION}-${PYTAG}"
   mkdir -p "$WHEELDIR"
@@ -123,6 +128,8 @@ if ! have horovod "$HOROVOD_VERSION" || [ "$(cat "$HVD_MARK" 2>/dev/null)" != "$
   log "installing horovod from ${WHEELDIR}"
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELDIR"/horovod-*.whl
   "${PIP[@]}" install "$WHEELDIR"/horovod-*.whl  # its own dependencies (cloudpickle, psutil, pyyaml)
+  horovod_works || { echo "[deps] horovod from ${WHEELDIR} does not load against tensorflow-cpu ${TF_VERSION}" \
+    "(or lacks MPI/Gloo); delete that folder and rerun" >&2; exit 1; }
   echo "$TF_VERSION" > "$HVD_MARK"
 fi
 
