@@ -418,9 +418,41 @@ class MetricAverage(keras.callbacks.Callback):
     decide alike. Place it before them. A key present on some ranks only is left unaveraged and
     named in a ``ValueError``, since the ranks would otherwise disagree.
 
+    The exchange is horovod's ``allgather_object``, except under a protocol whose communication
+    thread runs horovod collectives of its own while training (RNA: rounds, drift and parameter
+    averages): eager horovod collectives issued from two threads are matched across ranks by
+    their order, so they could pair the metrics with RNA's round. There the metrics go through
+    the point-to-point dispatcher (mpi4py on its own communicator): every rank sends them to rank
+    0, which sends everyone the list (channels ``metrics.gather`` and ``metrics.result``, tagged
+    by epoch, ``timeout_s`` each).
+
+    Args:
+        timeout_s: float seconds > 0 a rank waits for the others' metrics (point-to-point path).
+
     Raises:
-        ValueError: the ranks logged different metric names (at the epoch end).
+        ValueError: the ranks logged different metric names (at the epoch end); bad ``timeout_s``.
+        hetsync.transport.TransportTimeout: a rank's metrics did not arrive within ``timeout_s``.
     """
+
+    def __init__(self, timeout_s=300.0):
+        super().__init__()
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"MetricAverage: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+
+    def _gather(self, mine, epoch):
+        proto = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
+        if not getattr(proto, "collectives_in_thread", False) or runtime.size() == 1:
+            return transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
+        d, rank, n = transport.dispatcher(), runtime.rank(), runtime.size()
+        if rank != 0:
+            d.send(0, "metrics.gather", mine, tag=epoch)
+            return d.recv("metrics.result", source=0, tag=epoch, timeout_s=self.timeout_s).obj
+        rows = [mine] + [d.recv("metrics.gather", source=r, tag=epoch, timeout_s=self.timeout_s).obj
+                         for r in range(1, n)]
+        for r in range(1, n):
+            d.send(r, "metrics.result", rows, tag=epoch)
+        return rows
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -431,7 +463,7 @@ class MetricAverage(keras.callbacks.Callback):
                 mine[k] = float(v)
             except (TypeError, ValueError):
                 pass
-        gathered = transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
+        gathered = self._gather(mine, epoch)
         keys = set(gathered[0])
         if any(set(g) != keys for g in gathered):
             raise ValueError(f"MetricAverage: the ranks logged different metrics at epoch {epoch}: "

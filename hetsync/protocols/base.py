@@ -154,6 +154,11 @@ class Protocol:
         """Return the list of Keras callbacks this protocol needs besides the common ones."""
         return []
 
+    #: True for protocols whose communication thread issues horovod collectives while training
+    #: (RNA): other eager collectives during ``fit`` must then avoid horovod (see
+    #: :class:`hetsync.callbacks.MetricAverage`).
+    collectives_in_thread = False
+
     #: largest ``steps_per_execution`` of ``model.compile`` the protocol supports (int), or None for
     #: any. With k > 1 Keras runs k steps inside one compiled call and calls the batch callbacks
     #: once per call; a protocol whose callback feeds every step (task allocation's m_i) needs 1.
