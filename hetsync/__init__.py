@@ -16,13 +16,13 @@ point-to-point dispatcher), ``hetsync.protocols.<name>`` (one module per protoco
 (horovod's stall timeout, OpenMPI's yield when oversubscribed).
 """
 from . import callbacks, data, ops, partition, protocols, slowdown, transport
-from .protocols import RNA, BSP, FedAvg, LocalSGD, Protocol, SelSync, TaskAllocation, load_model
+from .protocols import RNA, BSP, FedAvg, Hop, LocalSGD, NotifyAck, Protocol, SelSync, TaskAllocation, load_model
 from .runtime import init, launch_mode, local_rank, local_size, mpi_enabled, rank, shutdown, size
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown", "load_model",
-    "BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Protocol",
+    "BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
     "callbacks", "data", "ops", "partition", "protocols", "slowdown", "transport",
 ]

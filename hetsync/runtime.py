@@ -10,7 +10,6 @@
   collectives-only protocols (BSP, task allocation, SelSync, ...) are available.
 * a plain ``python script.py``: a world of one rank.
 """
-import logging
 import os
 import threading
 
@@ -19,7 +18,6 @@ __all__ = [
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
 ]
 
-log = logging.getLogger("hetsync")
 
 #: Seconds after which a stalled horovod collective aborts the job (horovod's stall shutdown).
 COLLECTIVE_TIMEOUT_S = 300
@@ -72,15 +70,13 @@ def init(collective_timeout_s=None):
                 # More ranks than cores (horovodrun's -H localhost:N hides this from OpenMPI): busy
                 # polling would starve the ranks that compute; yield as `mpirun --oversubscribe` does.
                 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-            from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE by default
+            from .transport import mpi_world
 
-            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-                log.warning("MPI provides thread level %d < MPI_THREAD_MULTIPLE; "
-                            "communication threads may be unsafe", MPI.Query_thread())
+            world = mpi_world.init_world()
             if not hvd.mpi_built():
                 raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
                                    "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
-            hvd.init(comm=MPI.COMM_WORLD)
+            hvd.init(comm=world)
         else:
             hvd.init()
         _state["mode"] = mode

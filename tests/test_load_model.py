@@ -14,6 +14,9 @@ CONFIGS = {
     "fedavg": {"fraction": 1.0, "syncs_per_epoch": 2.0, "seed": 3, "average_at_end": True},
     "localsgd": {"period": 3, "average_at_end": False},
     "taskalloc": {"mode": "adaptive", "weights": [4], "threshold": 0.1, "patience": 3, "micro_batch": 8},
+    "hop": {"graph": "complete", "staleness": 2, "max_ig": 3, "skip": 2, "skip_trigger": 1, "average_at_end": False,
+            "timeout_s": 30.0},
+    "notifyack": {"graph": "complete", "average_at_end": False, "timeout_s": 30.0},
 }
 
 

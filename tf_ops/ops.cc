@@ -183,4 +183,288 @@ Deletes the cache from its resource manager (it is freed when the last op
 using it finishes).
 )doc");
 
+// ---- Hop update queue and token queue (kernels in hop_queue_kernels.cc) ----
+// Hop paper sections 4.1, 4.2, 6.1; spec hop.md sections 2, 3, 11. Host-side
+// resources (CPU kernels only). Blocking ops are asynchronous: they wait
+// without holding a TensorFlow thread, up to timeout_ms (DeadlineExceeded).
+// Tags: iteration and w_id are int64 >= 0; -1 means "any" in dequeue / size.
+
+namespace {
+
+Status ScalarInputs(InferenceContext* c, int first, int last) {
+  ::tensorflow::shape_inference::ShapeHandle unused;
+  for (int i = first; i <= last; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+  return Status();
+}
+
+// Outputs 0..C-1: [lead, *shapes[i]] from the `shapes` attr.
+Status StackedComponents(InferenceContext* c, ::tensorflow::shape_inference::DimensionHandle lead) {
+  std::vector<::tensorflow::PartialTensorShape> shapes;
+  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+  if (static_cast<int>(shapes.size()) + 2 != c->num_outputs()) {
+    return ::tensorflow::errors::InvalidArgument("expected ", c->num_outputs() - 2,
+                                                 " component shapes, got ", shapes.size());
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ::tensorflow::shape_inference::ShapeHandle s, out;
+    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &s));
+    TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(lead), s, &out));
+    c->set_output(static_cast<int>(i), out);
+  }
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP("HetsyncHopUpdateQueueCreate")
+    .Output("handle: resource")
+    .Attr("component_types: list(type) >= 1")
+    .Attr("shapes: list(shape) >= 1")
+    .Attr("num_slots: int >= 1")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ::tensorflow::DataTypeVector dtypes;
+      std::vector<::tensorflow::PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("component_types", &dtypes));
+      TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+      if (dtypes.size() != shapes.size()) {
+        return ::tensorflow::errors::InvalidArgument("got ", dtypes.size(),
+                                                     " component_types but ", shapes.size(),
+                                                     " shapes");
+      }
+      std::vector<::tensorflow::shape_inference::ShapeAndType> specs;
+      for (size_t i = 0; i < dtypes.size(); ++i) {
+        ::tensorflow::shape_inference::ShapeHandle s;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &s));
+        specs.emplace_back(s, dtypes[i]);
+      }
+      c->set_output(0, c->Scalar());
+      c->set_output_handle_shapes_and_types(0, specs);
+      return Status();
+    })
+    .Doc(R"doc(
+Creates a new (uniquely named) Hop update queue and returns its handle. Each
+entry is a list of tensors with the given dtypes and fully defined shapes plus
+int64 tags iter and w_id. num_slots = max_ig + 1: entries of iteration t are
+kept in FIFO slot t mod num_slots; a global arrival number orders all slots.
+The handle carries the component dtypes and shapes as handle data.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueEnqueue")
+    .Input("handle: resource")
+    .Input("tensors: T")
+    .Input("iteration: int64")
+    .Input("w_id: int64")
+    .Attr("T: list(type) >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      return ScalarInputs(c, c->num_inputs() - 2, c->num_inputs() - 1);
+    })
+    .Doc(R"doc(
+Appends one entry tagged (iteration >= 0, w_id >= 0) to slot iteration mod
+num_slots and completes the parked dequeues it satisfies (FIFO among them).
+On a closed queue the entry is counted as dropped_closed, without error.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueDequeue")
+    .Input("handle: resource")
+    .Input("m: int64")
+    .Input("iteration: int64")
+    .Input("w_id: int64")
+    .Input("timeout_ms: float64")
+    .Output("values: component_types")
+    .Output("iters: int64")
+    .Output("w_ids: int64")
+    .Attr("component_types: list(type) >= 1")
+    .Attr("shapes: list(shape) >= 1")
+    .Attr("greedy: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1, 4));
+      TF_RETURN_IF_ERROR(StackedComponents(c, c->UnknownDim()));
+      c->set_output(c->num_outputs() - 2, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(c->num_outputs() - 1, c->Vector(InferenceContext::kUnknownDim));
+      return Status();
+    })
+    .Doc(R"doc(
+Removes and returns the first m entries, in FIFO order, whose tags match
+(iteration / w_id -1: any); non-matching entries keep their order. Waits
+(asynchronously, up to timeout_ms > 0, inf: no deadline) while fewer than m
+match. greedy: once m match, returns every matching entry present. With
+iteration k only slot k mod num_slots is searched: entries tagged < k there
+are discarded (discarded_stale), one tagged > k fails the op
+(FailedPrecondition). values[i]: [m', *shape_i]; iters, w_ids: int64 [m'].
+Closed queue: Cancelled with the close message.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueDequeueNewest")
+    .Input("handle: resource")
+    .Input("w_ids: int64")
+    .Input("min_iteration: int64")
+    .Input("timeout_ms: float64")
+    .Output("values: component_types")
+    .Output("iters: int64")
+    .Output("found: bool")
+    .Attr("component_types: list(type) >= 1")
+    .Attr("shapes: list(shape) >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ::tensorflow::shape_inference::ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 2, 3));
+      const auto n = c->Dim(ids, 0);
+      TF_RETURN_IF_ERROR(StackedComponents(c, n));
+      c->set_output(c->num_outputs() - 2, c->Vector(n));
+      c->set_output(c->num_outputs() - 1, c->Vector(n));
+      return Status();
+    })
+    .Doc(R"doc(
+Bounded staleness (Hop section 4.4, spec section 5 recommended semantics).
+Waits (asynchronously, up to timeout_ms) until, for every w_id in w_ids
+(distinct, >= 0), the newest tag ever taken by this op or present now is
+>= min_iteration; then removes every entry of those w_ids, keeps the newest
+of each (largest iter, ties: latest arrived) and counts the others as
+discarded_superseded. values[i]: [n, *shape_i], row r = newest entry of
+w_ids[r] taken in this call (zeros if none); iters: int64 [n] (-1 if none);
+found: bool [n]. A failed call takes nothing.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueSize")
+    .Input("handle: resource")
+    .Input("iteration: int64")
+    .Input("w_id: int64")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1, 2));
+      c->set_output(0, c->Scalar());
+      return Status();
+    })
+    .Doc(R"doc(
+Number of entries matching the tags (-1: any). With iteration k, entries
+tagged < k in slot k mod num_slots are discarded first (discarded_stale) and
+one tagged > k there is a FailedPrecondition, as in dequeue.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueStatus")
+    .Input("handle: resource")
+    .Output("counters: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(7));
+      return Status();
+    })
+    .Doc(R"doc(
+Returns int64 [7]: enqueued, dequeued, discarded_stale, discarded_superseded,
+dropped_closed, size, waiters. enqueued = dequeued + discarded_stale +
+discarded_superseded + size.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueClose")
+    .Input("handle: resource")
+    .Input("message: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputs(c, 1, 1); })
+    .Doc(R"doc(
+Closes the queue: parked and future dequeue / dequeue_newest ops fail with
+Cancelled carrying `message`; later enqueues are counted as dropped_closed.
+)doc");
+
+REGISTER_OP("HetsyncHopUpdateQueueDestroy")
+    .Input("handle: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Closes the queue (parked ops fail with Cancelled) and deletes it from its
+resource manager; later ops on the handle fail with NotFound.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenQueueCreate")
+    .Output("handle: resource")
+    .Attr("n: int >= 1")
+    .Attr("initial: int >= 0")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates a new (uniquely named) Hop token queue: n token counters (one per
+neighbour index), each starting at `initial`, and the newest iteration value
+received per index (starting at -1).
+)doc");
+
+REGISTER_OP("HetsyncHopTokenTake")
+    .Input("handle: resource")
+    .Input("index: int64")
+    .Input("count: int64")
+    .Input("timeout_ms: float64")
+    .Output("remaining: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1, 3));
+      c->set_output(0, c->Scalar());
+      return Status();
+    })
+    .Doc(R"doc(
+Waits (asynchronously, up to timeout_ms) until counter[index] >= count (>= 0),
+subtracts count and returns what remains. A closed index never blocks: it
+returns the current count without subtracting. Cancelled after cancel.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenPut")
+    .Input("handle: resource")
+    .Input("index: int64")
+    .Input("count: int64")
+    .Input("iteration: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputs(c, 1, 3); })
+    .Doc(R"doc(
+Adds count (>= 0) tokens to counter[index]; iteration >= 0 sets
+newest[index] = max(newest[index], iteration) (-1: no value). Completes the
+parked takes it satisfies.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenSize")
+    .Input("handle: resource")
+    .Output("counts: int64")
+    .Output("newest: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return Status();
+    })
+    .Doc(R"doc(
+Returns the token counts and the newest iteration received (-1: none), int64
+[n] each.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenClose")
+    .Input("handle: resource")
+    .Input("index: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputs(c, 1, 1); })
+    .Doc(R"doc(
+Marks neighbour `index` finished: parked and future takes on it complete at
+once without taking tokens.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenCancel")
+    .Input("handle: resource")
+    .Input("message: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputs(c, 1, 1); })
+    .Doc(R"doc(
+Parked and future takes fail with Cancelled carrying `message`.
+)doc");
+
+REGISTER_OP("HetsyncHopTokenQueueDestroy")
+    .Input("handle: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Cancels the token queue (parked takes fail with Cancelled) and deletes it
+from its resource manager; later ops on the handle fail with NotFound.
+)doc");
+
 }  // namespace hetsync

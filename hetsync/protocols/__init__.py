@@ -10,7 +10,9 @@ from .base import Protocol
 from .bsp import BSP, BSPConfig, BSPProtocol
 from .config import ProtocolConfig
 from .fedavg import FedAvg, FedAvgConfig, FedAvgProtocol
+from .hop import Hop, HopConfig, HopProtocol
 from .localsgd import LocalSGD, LocalSGDConfig, LocalSGDProtocol
+from .notifyack import NotifyAck, NotifyAckConfig, NotifyAckProtocol
 from .rna import RNA, RNAConfig, RNAProtocol
 from .selsync import SelSync, SelSyncConfig, SelSyncProtocol
 from .taskalloc import TaskAllocation, TaskAllocationConfig, TaskAllocationProtocol
@@ -21,11 +23,12 @@ __all__ = ["Protocol", "ProtocolConfig", "wrap", "protocol_of", "load_model", "W
            "BSP", "BSPProtocol", "BSPConfig", "RNA", "RNAProtocol", "RNAConfig",
            "SelSync", "SelSyncProtocol", "SelSyncConfig", "FedAvg", "FedAvgProtocol", "FedAvgConfig",
            "LocalSGD", "LocalSGDProtocol", "LocalSGDConfig",
-           "TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig"]
+           "TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig", "Hop", "HopProtocol", "HopConfig",
+           "NotifyAck", "NotifyAckProtocol", "NotifyAckConfig"]
 
 #: lowercase name -> wrapper function ``(optimizer, **config fields) -> optimizer``.
 WRAPPERS = {"bsp": BSP, "rna": RNA, "selsync": SelSync, "fedavg": FedAvg, "localsgd": LocalSGD,
-            "taskalloc": TaskAllocation}
+            "taskalloc": TaskAllocation, "hop": Hop, "notifyack": NotifyAck}
 
 
 def get_wrapper(name):

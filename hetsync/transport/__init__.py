@@ -8,7 +8,10 @@
   process (its own duplicated communicator, a receive thread routing messages to named channels,
   timeouts on every wait, a counted shutdown). Needs an MPI launch (or a world of one rank).
 
-No other module of hetsync imports mpi4py (``hetsync.runtime`` does, to initialise MPI).
+* :mod:`hetsync.transport.mpi_world`: MPI initialised with thread support, the world shared with
+  horovod (called by :func:`hetsync.runtime.init`).
+
+No other module of hetsync imports mpi4py.
 """
 from .collectives import (allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables,
                           max_abs_difference_across_ranks)

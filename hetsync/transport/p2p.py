@@ -130,6 +130,7 @@ class Dispatcher:
         self.poll_s = float(poll_s)
         self._cv = threading.Condition()
         self._queues = collections.defaultdict(collections.deque)
+        self._routes = {}
         self._sends = []
         self._counts = collections.defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
         self._error = None
@@ -165,6 +166,15 @@ class Dispatcher:
                 return got
             source = status.Get_source()
             channel, tag, obj = message.recv()
+            with self._cv:  # the route is looked up under the lock, so route() never misses a message
+                handler = None if isinstance(obj, _End) else self._routes.get(channel)
+                if handler is not None:
+                    self._counts[channel]["received"] += 1
+                    self._counts[channel]["read"] += 1
+            if handler is not None:
+                handler(Message(source, channel, tag, obj))  # an exception fails the thread, seen by every waiter
+                got += 1
+                continue
             with self._cv:
                 self._queues[channel].append(Message(source, channel, tag, obj))
                 if not isinstance(obj, _End):
@@ -204,6 +214,43 @@ class Dispatcher:
     def _check_timeout(timeout_s):
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
             raise ValueError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+
+    # -- routing ------------------------------------------------------------------------------------
+    def route(self, channel, handler):
+        """Hand every message of ``channel`` to ``handler`` on the receive thread instead of queueing it.
+
+        Used where a compiled queue is the receiver (Hop's update and token queues: the handler
+        enqueues into the op's resource, so the training step's blocking dequeue sees the message
+        without any Python thread in between). Messages of the channel already queued are handed
+        over first, in arrival order. End markers (:meth:`drain`) are still queued, so a routed
+        channel drains like any other. A handler that raises fails the receive thread: every
+        waiter and caller then gets :class:`TransportError` naming the exception. Routed messages
+        count as ``received`` and ``read``.
+
+        Args:
+            channel: str. handler: callable ``(Message) -> None``, quick and thread-safe.
+
+        Raises:
+            ValueError: bad channel, a handler that is not callable, or the channel already routed.
+        """
+        self._check_channel(channel)
+        if not callable(handler):
+            raise ValueError(f"route: handler for channel {channel!r} must be callable, got {handler!r}")
+        with self._cv:
+            if channel in self._routes:
+                raise ValueError(f"route: channel {channel!r} is already routed; unroute it first")
+            queue = self._queues.get(channel, collections.deque())
+            backlog = [m for m in queue if not isinstance(m.obj, _End)]
+            self._queues[channel] = collections.deque(m for m in queue if isinstance(m.obj, _End))
+            self._counts[channel]["read"] += len(backlog)
+            for m in backlog:
+                handler(m)
+            self._routes[channel] = handler
+
+    def unroute(self, channel):
+        """Queue ``channel``'s messages again (undo :meth:`route`; a no-op if it was not routed)."""
+        with self._cv:
+            self._routes.pop(channel, None)
 
     # -- sending ------------------------------------------------------------------------------------
     def send(self, dest, channel, obj, tag=None, timeout_s=None):
