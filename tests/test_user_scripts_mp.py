@@ -24,6 +24,8 @@ PROTOCOLS = {
     "fedavg": [],
     "localsgd": ["--protocol-arg", "period=2"],
     "taskalloc": ["--protocol-arg", "weights=[3,1]"],
+    "hop": ["--protocol-arg", "backup_workers=1"],  # Hop and NOTIFY-ACK average once at the end
+    "notifyack": [],
 }
 
 
@@ -70,8 +72,9 @@ def test_mixed_bfloat16_with_loss_scaling_and_steps_per_execution(tmp_path, prot
         assert r["stats"]["rounds"] > 0
 
 
-def test_task_allocation_refuses_steps_per_execution_above_one_before_training(tmp_path):
-    r, proc = _convnet(tmp_path, "taskalloc", "--steps-per-execution", "2", check=False)
+@pytest.mark.parametrize("protocol", ["taskalloc", "hop"])
+def test_step_by_step_protocols_refuse_steps_per_execution_above_one_before_training(tmp_path, protocol):
+    r, proc = _convnet(tmp_path, protocol, "--steps-per-execution", "2", check=False)
     assert proc.returncode != 0 and r is None
     assert "steps_per_execution=2" in proc.stderr and "steps_per_execution <= 1" in proc.stderr
 
