@@ -90,8 +90,8 @@ def test_a_saved_unknown_protocol_is_refused_clearly():
 
     cls = wrapped_class(hetsync.protocols.BSPProtocol, keras.optimizers.SGD)
     config = keras.optimizers.SGD(0.1).get_config()
-    config["hetsync"] = {"protocol": "hop", "config": {}, "optimizer": {"class_name": "SGD", "module": "x"}}
-    with pytest.raises(ValueError, match="wrapped by protocol 'hop', which this hetsync does not have"):
+    config["hetsync"] = {"protocol": "nosuchprotocol", "config": {}, "optimizer": {"class_name": "SGD", "module": "x"}}
+    with pytest.raises(ValueError, match="wrapped by protocol 'nosuchprotocol', which this hetsync does not have"):
         cls.from_config(config)
     config["hetsync"] = {"protocol": "bsp", "config": {"compression": "zip"},
                          "optimizer": {"class_name": "SGD", "module": "keras.src.optimizers.sgd"}}

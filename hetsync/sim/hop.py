@@ -150,15 +150,29 @@ def simulate(graph, times, mode="standard", backup_workers=1, staleness=5, max_i
 
 
 def main(argv=None):
+    """``python -m hetsync.sim.hop``: print the modelled iterations/s of standard Hop, one backup worker,
+    staleness 5 and backup + skipping for one graph and scenario (an ideal cluster: no communication cost).
+
+    Args:
+        argv: list of str, the command-line arguments (default ``sys.argv[1:]``); see ``--help``.
+
+    Returns:
+        int, the exit status (0).
+
+    Raises:
+        SystemExit: bad arguments (argparse names the value); ValueError: a graph the world size
+            does not allow (:func:`hetsync.protocols.hop_graph.build`).
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--graph", default="ring-based")
-    p.add_argument("--ranks", type=int, default=8)
-    p.add_argument("--scenario", default="random", choices=("random", "deterministic", "none"))
-    p.add_argument("--iterations", type=int, default=1000)
-    p.add_argument("--max-ig", type=int, default=10)
-    p.add_argument("--skip", type=int, default=10)
-    p.add_argument("--base-ms", type=float, default=40.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--graph", default="ring-based", help="a Hop graph name (hetsync.protocols.hop_graph.build)")
+    p.add_argument("--ranks", type=int, default=8, help="world size n")
+    p.add_argument("--scenario", default="random", choices=("random", "deterministic", "none"),
+                   help="random: each step 6x slower with probability 1/n; deterministic: the last rank 4x slower")
+    p.add_argument("--iterations", type=int, default=1000, help="iterations per rank")
+    p.add_argument("--max-ig", type=int, default=10, help="the token bound max_ig (iterations)")
+    p.add_argument("--skip", type=int, default=10, help="J_max of the skipping configuration (iterations)")
+    p.add_argument("--base-ms", type=float, default=40.0, help="a step's time without slowdown (ms)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the slowdown draws")
     args = p.parse_args(argv)
     g = hop_graph.build(args.graph, args.ranks)
     t = step_times(args.scenario, args.ranks, args.iterations, args.base_ms, args.seed)
