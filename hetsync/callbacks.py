@@ -5,6 +5,7 @@ Typical use (two lines differ from a single-process script)::
     opt = hetsync.BSP(keras.optimizers.SGD(0.1))
     model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
 """
+import importlib.util
 import json
 import logging
 import os
@@ -283,7 +284,7 @@ class SyncMetrics(keras.callbacks.Callback):
     *overrun* steps (real compute longer than the emulated time); the summary holds them per rank
     (``emulated_steps``, ``overrun_steps``) and in total (``overrun_fraction``, ``emulation_valid``:
     at most :data:`hetsync.slowdown.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
-    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
+    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard`` (when the ``tensorboard`` package is installed; else a warning). Samples are counted per
     completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
     the data did not come from it). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
@@ -312,7 +313,14 @@ class SyncMetrics(keras.callbacks.Callback):
         self.protocol = protocol_of(self._optimizer or self.model.optimizer)
         self.rank = runtime.rank()
         self._file = open(os.path.join(self.log_dir, f"rank{self.rank}.jsonl"), "w")
-        self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard")) if self.rank == 0 else None
+        self._writer = None
+        if self.rank == 0:
+            if importlib.util.find_spec("tensorboard") is None:
+                # tensorflow-cpu >= 2.20 no longer depends on tensorboard; the JSON records are written anyway
+                log.warning("SyncMetrics: tensorboard is not installed, so no TensorBoard scalars are written "
+                            "under %s (pip install tensorboard); rank*.jsonl and summary.json are", self.log_dir)
+            else:
+                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard"))
         self._t0 = time.time()
         self._step, self._epoch, self._epoch_steps = 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
