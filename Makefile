@@ -1,10 +1,10 @@
 # hetsync: `make run` (the main job) and `make test` (the suite). Both set everything up first.
 SHELL := /bin/bash
-# TensorFlow version and virtual environment: `make test VENV=.venv-tf221 TF_VERSION=2.21.0` sets up and
+# TensorFlow version and virtual environment: `make test VENV=.venv-tf218 TF_VERSION=2.18.1` sets up and
 # tests a second environment beside the default one (one TensorFlow per venv; the horovod wheel is
 # cached per TensorFlow version under ~/.cache/hetsync; the op library is built once per TensorFlow
 # version, hetsync/_hetsync_ops_tf<version>*.so, so both venvs work from one checkout).
-TF_VERSION ?= 2.18.1
+TF_VERSION ?= 2.21.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 HOROVODRUN := $(VENV)/bin/horovodrun

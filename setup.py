@@ -48,7 +48,7 @@ def tensorflow_build_config():
     raise RuntimeError(
         "hetsync's op library needs TensorFlow installed in the environment it is built for "
         f"({sys.executable}); importing it failed: {errors}. Run `make deps`, or "
-        "`pip install tensorflow-cpu==2.18.1` first."
+        "`pip install tensorflow-cpu==2.21.0` first."
     )
 
 

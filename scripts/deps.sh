@@ -7,7 +7,7 @@
 #   - hetsync itself (editable), which compiles the op library in tf_ops/
 # A second run takes seconds: every step checks before it acts.
 #
-# Variables (the Makefile passes them: `make deps VENV=.venv-tf221 TF_VERSION=2.21.0`):
+# Variables (the Makefile passes them: `make deps VENV=.venv-tf218 TF_VERSION=2.18.1`):
 #   HETSYNC_VENV        path of the virtual environment (default: .venv at the repository root)
 #   HETSYNC_TF_VERSION  tensorflow-cpu version (default below); one venv holds one TF version
 #   HETSYNC_CACHE       wheel cache (default ~/.cache/hetsync)
@@ -26,7 +26,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HETSYNC_VENV:-${ROOT}/.venv}"
 case "$VENV" in /*) ;; *) VENV="${ROOT}/${VENV}" ;; esac
 PY="${VENV}/bin/python"
-TF_VERSION="${HETSYNC_TF_VERSION:-2.18.1}"
+TF_VERSION="${HETSYNC_TF_VERSION:-2.21.0}"
 [[ "$TF_VERSION" =~ ^2\.[0-9]+\.[0-9]+$ ]] || { echo "[deps] HETSYNC_TF_VERSION must look like 2.N.M, got '${TF_VERSION}'" >&2; exit 2; }
 TF_MINOR="$(echo "$TF_VERSION" | cut -d. -f2)"
 HOROVOD_VERSION="0.28.1"
