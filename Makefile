@@ -1,8 +1,14 @@
 # hetsync: `make run` (the main job) and `make test` (the suite). Both set everything up first.
 SHELL := /bin/bash
-PY := .venv/bin/python
-HOROVODRUN := .venv/bin/horovodrun
-STAMP := .venv/.hetsync-deps
+# TensorFlow version and virtual environment: `make test VENV=.venv-tf218 TF_VERSION=2.18.1` sets up and
+# tests a second environment beside the default one (one TensorFlow per venv; the horovod wheel is
+# cached per TensorFlow version under ~/.cache/hetsync; the op library is built once per TensorFlow
+# version, hetsync/_hetsync_ops_tf<version>*.so, so both venvs work from one checkout).
+TF_VERSION ?= 2.21.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOROVODRUN := $(VENV)/bin/horovodrun
+STAMP := $(VENV)/.hetsync-deps-tf$(TF_VERSION)
 NP ?= 4
 PROTOCOLS ?= bsp rna
 SLOWDOWN ?= device:40+random:6
@@ -28,7 +34,7 @@ deps: $(STAMP)
 
 # Idempotent: scripts/deps.sh checks before it acts; rerun when what it installs changes.
 $(STAMP): scripts/deps.sh requirements-dev.txt setup.py pyproject.toml $(wildcard tf_ops/*.cc tf_ops/*.h)
-	bash scripts/deps.sh
+	HETSYNC_VENV=$(VENV) HETSYNC_TF_VERSION=$(TF_VERSION) bash scripts/deps.sh
 	touch $@
 
 # Rebuild only the op library (after editing tf_ops/).
@@ -60,4 +66,4 @@ test: deps
 	$(PY) -m pytest -q -ra
 
 clean:
-	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops_build.json runs .pytest_cache
+	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops*_build.json runs .pytest_cache

@@ -5,6 +5,7 @@ Typical use (two lines differ from a single-process script)::
     opt = hetsync.BSP(keras.optimizers.SGD(0.1))
     model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
 """
+import importlib.util
 import json
 import logging
 import os
@@ -17,7 +18,8 @@ import tensorflow as tf
 from . import runtime, slowdown, transport
 from .protocols.wrapper import protocol_of
 
-__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "standard"]
+__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "MetricAverage",
+           "on_rank0", "standard"]
 
 log = logging.getLogger("hetsync")
 
@@ -76,6 +78,7 @@ class ProtocolHooks(keras.callbacks.Callback):
         self.protocol = protocol_of(optimizer)
 
     def on_train_begin(self, logs=None):
+        self.protocol.check_fit(self.model)
         self.protocol.start()
 
     def on_train_end(self, logs=None):
@@ -132,6 +135,11 @@ class Slowdown(keras.callbacks.Callback):
         self._sync = slowdown.sync_control()
 
     def on_train_begin(self, logs=None):
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        if spe != 1:
+            raise ValueError(f"Slowdown: model.compile(steps_per_execution={spe}) is not supported with a straggler "
+                             "scenario; the scenario stamps every step's start before it runs, so it needs "
+                             "steps_per_execution=1")
         if self._own_world and runtime.num_servers():
             # parameter-server ranks do not step: draw as one of the n workers (random:K is 1/n per step)
             self.world_size = runtime.num_workers()
@@ -288,7 +296,7 @@ class SyncMetrics(keras.callbacks.Callback):
     *overrun* steps (real compute longer than the emulated time); the summary holds them per rank
     (``emulated_steps``, ``overrun_steps``) and in total (``overrun_fraction``, ``emulation_valid``:
     at most :data:`hetsync.slowdown.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
-    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard``. Samples are counted per
+    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard`` (when the ``tensorboard`` package is installed; else a warning). Samples are counted per
     completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
     the data did not come from it). A parameter-server rank writes no step records (its row in
     ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
@@ -318,15 +326,23 @@ class SyncMetrics(keras.callbacks.Callback):
         self.protocol = protocol_of(self._optimizer or self.model.optimizer)
         self.rank = runtime.rank()
         self._file = open(os.path.join(self.log_dir, f"rank{self.rank}.jsonl"), "w")
-        self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard")) if self.rank == 0 else None
+        self._writer = None
+        if self.rank == 0:
+            if importlib.util.find_spec("tensorboard") is None:
+                # tensorflow-cpu >= 2.20 no longer depends on tensorboard; the JSON records are written anyway
+                log.warning("SyncMetrics: tensorboard is not installed, so no TensorBoard scalars are written "
+                            "under %s (pip install tensorboard); rank*.jsonl and summary.json are", self.log_dir)
+            else:
+                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard"))
         self._t0 = time.time()
-        self._step, self._epoch = 0, 0
+        self._step, self._epoch, self._epoch_steps = 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
         # a parameter-server rank trains nothing (its fit serves, then runs one step that changes nothing)
         self._serves = bool(getattr(self.protocol, "serves", False))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._epoch_steps = 0
 
     def on_epoch_end(self, epoch, logs=None):
         self._totals["samples"] += self.protocol.samples_per_epoch or 0
@@ -346,10 +362,14 @@ class SyncMetrics(keras.callbacks.Callback):
             except (TypeError, ValueError):
                 pass
         rec.update(self.protocol.step_stats())
+        # With steps_per_execution k > 1 Keras calls this once per k steps, with the last step's index.
+        done = max(1, int(batch) + 1 - self._epoch_steps)
+        self._epoch_steps = int(batch) + 1
+        rec["steps_in_call"] = done
         self._file.write(json.dumps(rec) + "\n")
-        self._step += 1
+        self._step += done
         t = self._totals
-        t["steps"] += 1
+        t["steps"] += done
         t["step_ms_mean"] += rec["step_ms"]
         t["delay_ms_total"] += rec.get("delay_ms", 0.0)
         t["compute_ms_total"] += rec.get("compute_ms", 0.0)
@@ -412,6 +432,97 @@ class SyncMetrics(keras.callbacks.Callback):
                 json.dump(self.summary, f, indent=2, sort_keys=True)
             os.replace(path + ".tmp", path)
         return self.summary
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Average the epoch's logged metrics over all ranks at every epoch end (horovod's
+    ``MetricAverageCallback``).
+
+    Each rank's ``logs`` (loss, metrics, and ``val_*`` after validation) hold its own data's values;
+    at ``on_epoch_end`` every numeric entry is replaced *in place* by its mean over the ranks
+    (one :func:`hetsync.transport.allgather_object` per epoch), so callbacks placed after this one
+    (``ModelCheckpoint(save_best_only=True)``, ``EarlyStopping``, ``ReduceLROnPlateau``, the
+    progress bar, the ``History`` returned by ``fit``) see the same values on every rank and
+    decide alike. Place it before them. A key present on some ranks only is left unaveraged and
+    named in a ``ValueError``, since the ranks would otherwise disagree.
+
+    The exchange is horovod's ``allgather_object``, except under a protocol whose communication
+    thread runs horovod collectives of its own while training (RNA: rounds, drift and parameter
+    averages): eager horovod collectives issued from two threads are matched across ranks by
+    their order, so they could pair the metrics with RNA's round. There the metrics go through
+    the point-to-point dispatcher (mpi4py on its own communicator): every rank sends them to rank
+    0, which sends everyone the list (channels ``metrics.gather`` and ``metrics.result``, tagged
+    by epoch, ``timeout_s`` each).
+
+    Args:
+        timeout_s: float seconds > 0 a rank waits for the others' metrics (point-to-point path).
+
+    Raises:
+        ValueError: the ranks logged different metric names (at the epoch end); bad ``timeout_s``.
+        hetsync.transport.TransportTimeout: a rank's metrics did not arrive within ``timeout_s``.
+    """
+
+    def __init__(self, timeout_s=300.0):
+        super().__init__()
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"MetricAverage: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+
+    def _gather(self, mine, epoch):
+        proto = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
+        if not getattr(proto, "collectives_in_thread", False) or runtime.size() == 1:
+            return transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
+        d, rank, n = transport.dispatcher(), runtime.rank(), runtime.size()
+        if rank != 0:
+            d.send(0, "metrics.gather", mine, tag=epoch)
+            return d.recv("metrics.result", source=0, tag=epoch, timeout_s=self.timeout_s).obj
+        rows = [mine] + [d.recv("metrics.gather", source=r, tag=epoch, timeout_s=self.timeout_s).obj
+                         for r in range(1, n)]
+        for r in range(1, n):
+            d.send(r, "metrics.result", rows, tag=epoch)
+        return rows
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        mine = {}
+        for k, v in logs.items():
+            try:
+                mine[k] = float(v)
+            except (TypeError, ValueError):
+                pass
+        gathered = self._gather(mine, epoch)
+        keys = set(gathered[0])
+        if any(set(g) != keys for g in gathered):
+            raise ValueError(f"MetricAverage: the ranks logged different metrics at epoch {epoch}: "
+                             f"{[sorted(g) for g in gathered]}")
+        for k in keys:
+            logs[k] = float(np.mean([g[k] for g in gathered]))
+
+
+def on_rank0(*callbacks):
+    """Return ``callbacks`` as a list on rank 0 and ``[]`` on every other rank.
+
+    For callbacks that write files (``keras.callbacks.ModelCheckpoint``, ``TensorBoard``,
+    ``CSVLogger``, ``BackupAndRestore``): one writer, no clobbering. Under the protocols that
+    leave every rank with the same model (BSP, task allocation, and the others after their
+    end-of-training average) rank 0's model is the model; under RNA, SelSync, local SGD and FedAvg
+    a checkpoint taken during training holds rank 0's replica. Put :class:`MetricAverage` before
+    them in the callback list so ``save_best_only`` compares averaged metrics.
+
+    Args:
+        *callbacks: ``keras.callbacks.Callback`` instances.
+
+    Returns:
+        list of keras.callbacks.Callback.
+
+    Raises:
+        TypeError: an argument is not a Keras callback.
+    """
+    for cb in callbacks:
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"on_rank0 takes Keras callbacks, got {type(cb).__name__}: {cb!r}")
+    return list(callbacks) if runtime.rank() == 0 else []
 
 
 def standard(optimizer, root_rank=0):

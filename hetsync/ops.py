@@ -12,10 +12,10 @@ import threading
 
 import tensorflow as tf
 
-__all__ = ["load_library", "build_info", "delay", "OpLibraryError"]
+__all__ = ["load_library", "build_info", "library_tag", "delay", "OpLibraryError"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REBUILD = "rebuild it with `make deps` (or `pip install --no-build-isolation -e .` in the repository)"
+_REBUILD = "rebuild it with `make build` (another venv: `make build VENV=... TF_VERSION=...`; or `pip install --no-build-isolation -e .` in the repository)"
 _lock = threading.Lock()
 _library = None
 
@@ -24,11 +24,31 @@ class OpLibraryError(ImportError):
     """The compiled op library is missing, stale, or failed to load."""
 
 
+def library_tag(tf_version=None):
+    """The TensorFlow part of the op library's name: ``"2.18.1"`` -> ``"tf2_18_1"`` (str).
+
+    ``setup.py`` builds ``_hetsync_ops_<tag>*.so`` for the installed TensorFlow, so environments
+    with different TensorFlow versions share one checkout. ``tf_version`` defaults to the running one.
+    """
+    v = tf.__version__ if tf_version is None else tf_version
+    return "tf" + "".join(c if c.isalnum() else "_" for c in v)
+
+
 def _library_path():
-    candidates = sorted(glob.glob(os.path.join(_HERE, "_hetsync_ops*.so")))
+    pattern = os.path.join(_HERE, f"_hetsync_ops_{library_tag()}.*so")
+    candidates = sorted(glob.glob(pattern))
     if not candidates:
-        raise OpLibraryError(f"hetsync's op library is not built (no _hetsync_ops*.so in {_HERE}); {_REBUILD}.")
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(_HERE, "_hetsync_ops*.so")))
+        found = f" (found builds for other TensorFlow versions: {', '.join(others)})" if others else ""
+        raise OpLibraryError(f"hetsync's op library is not built for TensorFlow {tf.__version__} (no "
+                             f"{os.path.basename(pattern)} in {_HERE}){found}; {_REBUILD}.")
     return candidates[0]
+
+
+def _info_path(library):
+    """The build record beside ``library``: ``_hetsync_ops_<tag>_build.json``."""
+    name = os.path.basename(library).split(".", 1)[0]
+    return os.path.join(os.path.dirname(library), f"{name}_build.json")
 
 
 def load_library():
@@ -46,7 +66,7 @@ def load_library():
         if _library is not None:
             return _library
         path = _library_path()
-        info_path = os.path.join(_HERE, "_hetsync_ops_build.json")
+        info_path = _info_path(path)
         if os.path.exists(info_path):
             with open(info_path) as f:
                 built_for = json.load(f).get("tf_version")

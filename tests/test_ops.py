@@ -104,10 +104,10 @@ class DelayOpTest(tf.test.TestCase):
 def test_stale_build_is_refused_with_rebuild_instructions(tmp_path, monkeypatch):
     lib = ops._library_path()
     shutil.copy(lib, tmp_path / os.path.basename(lib))
-    (tmp_path / "_hetsync_ops_build.json").write_text(json.dumps({"tf_version": "0.0.1"}))
+    (tmp_path / os.path.basename(ops._info_path(lib))).write_text(json.dumps({"tf_version": "0.0.1"}))
     monkeypatch.setattr(ops, "_HERE", str(tmp_path))
     monkeypatch.setattr(ops, "_library", None)
-    with pytest.raises(ops.OpLibraryError, match=r"built for TensorFlow 0\.0\.1.*make deps"):
+    with pytest.raises(ops.OpLibraryError, match=r"built for TensorFlow 0\.0\.1.*make build"):
         ops.load_library()
 
 

@@ -109,3 +109,24 @@ def test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch(tmp_
     recs = read_jsonl(tmp_path / "ta" / "rank1.jsonl")
     assert len(recs) == steps and {"w", "samples", "round_samples", "sync_wait_ms"} <= set(recs[0])
     assert all(r["round_samples"] in (64.0, float(n_train - 64 * (stats["rounds_per_epoch"] - 1))) for r in recs)
+
+
+def test_adaptive_allocation_from_a_users_tf_data_pipeline(tmp_path):
+    """fit_dataset under adaptive mode: the user's per-rank pipeline is batched by the epoch's w_i."""
+    out = tmp_path / "adaptive_dataset.json"
+    # 2 ranks, b = 32: BSP's 64 samples per round in C = 16 micro-batches of 4; rank 1 half as fast
+    launch(2, ["tests/mp/taskalloc_adaptive.py", str(out), "--slowdown", "speeds:1,0.5", "--epochs", "4",
+               "--total", "16", "--batch-size", "32", "--tile", "1", "--width", "8",
+               "--device-ms-per-sample", "3.0", "--fit-dataset"])
+    st = read_json(out)["speeds:1,0.5"]
+    stats = st["stats"]
+    assert (stats["micro_batch"], stats["global_batch"]) == (4, 64)
+    epochs = stats["epochs"]
+    assert epochs[0]["w"] == [8, 8]
+    rounds = stats["rounds_per_epoch"]
+    for h in epochs:  # every step of an epoch took exactly w_i micro-batches of the user's pipeline
+        assert h["samples"] == [w * 4 * rounds for w in h["w"]], h
+        assert sum(h["w"]) == 16
+    final = stats["final_w"]
+    assert 0.4 <= final[1] / final[0] <= 0.65, [h["w"] for h in epochs]  # speed ratio 0.5: [11, 5] or [10, 6]
+    assert st["weights_diff"] <= 1e-6

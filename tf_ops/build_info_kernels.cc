@@ -3,6 +3,18 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/public/version.h"
+// TensorFlow 2.21 moved TF_VERSION_STRING (and the TF_*_VERSION macros) out of version.h into
+// release_version.h; older releases have no such header. Include it where it exists (setup.py
+// then defines the TF_MAJOR/MINOR/PATCH_VERSION and TF_VERSION_SUFFIX it needs, which TensorFlow's
+// own build passes on its command line, from the installed TensorFlow's version).
+#if defined(__has_include)
+#if __has_include("tensorflow/core/public/release_version.h")
+#include "tensorflow/core/public/release_version.h"
+#endif
+#endif
+#ifndef TF_VERSION_STRING
+#error "hetsync: TF_VERSION_STRING not found in tensorflow/core/public/{version,release_version}.h"
+#endif
 
 namespace hetsync {
 

@@ -178,6 +178,44 @@ class Protocol:
         """Return the list of Keras callbacks this protocol needs besides the common ones."""
         return []
 
+    #: True for protocols whose communication thread issues horovod collectives while training
+    #: (RNA): other eager collectives during ``fit`` must then avoid horovod (see
+    #: :class:`hetsync.callbacks.MetricAverage`).
+    collectives_in_thread = False
+
+    #: largest ``steps_per_execution`` of ``model.compile`` the protocol supports (int), or None for
+    #: any. With k > 1 Keras runs k steps inside one compiled call and calls the batch callbacks
+    #: once per call; a protocol whose callback feeds every step (task allocation's m_i) needs 1.
+    max_steps_per_execution = None
+
+    def check_fit(self, model):
+        """Check the model's training set-up against the protocol at train begin (before any step).
+
+        Called by :class:`hetsync.callbacks.ProtocolHooks`. Checks that the model trains with this
+        protocol's optimizer (not a ``keras.optimizers.LossScaleOptimizer`` wrapped *around* it)
+        and that ``steps_per_execution`` is at most :attr:`max_steps_per_execution`.
+
+        Args:
+            model: the ``keras.Model`` being fit.
+
+        Raises:
+            ValueError: either check fails (the message names the value and what is allowed).
+        """
+        opt = getattr(model, "optimizer", None)
+        inner = getattr(opt, "inner_optimizer", None)
+        if opt is not self.optimizer and inner is self.optimizer:
+            raise ValueError(
+                f"{self.display_name}: the model's optimizer is a {type(opt).__name__} around the "
+                f"hetsync-wrapped {type(self.optimizer).__name__}; wrap the other way round, "
+                f"hetsync.{self.display_name}(keras.optimizers.LossScaleOptimizer(base_optimizer)) (Keras adds a "
+                "LossScaleOptimizer itself under the mixed_float16 policy unless the optimizer already is one)")
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        if self.max_steps_per_execution is not None and spe > self.max_steps_per_execution:
+            raise ValueError(
+                f"{self.display_name}: model.compile(steps_per_execution={spe}) is not supported; this protocol "
+                f"allows steps_per_execution <= {self.max_steps_per_execution} (its callback sets every step's "
+                "workload); compile with steps_per_execution=1")
+
     def fit_data(self, x, y, batch_size, seed=0):
         """Return this rank's ``model.fit`` data arguments for the full training set ``(x, y)``.
 
@@ -237,6 +275,74 @@ class Protocol:
         self.samples_per_epoch = 0
         self.batch_size = int(batch_size)
         return {"x": partition.BatchDataset(x[:b], y[:b], sampler), "steps_per_epoch": 1, "shuffle": False}
+
+    def fit_dataset(self, dataset, batch_size, steps_per_epoch=None):
+        """Return ``model.fit`` data arguments for this rank's part of a user's ``tf.data`` pipeline.
+
+        The path for a user's own input pipeline (the alternative to :meth:`fit_data`, which takes
+        the whole training set as arrays). ``dataset`` is this rank's *unbatched* data, for example
+        ``tf.data.Dataset.from_tensor_slices((x, y)).shard(hetsync.size(), hetsync.rank())
+        .shuffle(4096)`` (elements ``(x, y)`` or any structure Keras accepts); the protocol batches
+        it. Default (BSP, RNA, SelSync without data injection, FedAvg, local SGD): batches of
+        ``batch_size`` samples, the partial last one dropped, repeated, with the same number of
+        steps per epoch on every rank (the smallest rank's, so a collective never waits for a rank
+        that has finished its epoch). Task allocation overrides this (its batches follow w_i).
+
+        A batched ``tf.data.Dataset`` or NumPy arrays can also go to ``model.fit`` directly, as
+        without hetsync, for every protocol but task allocation; then every rank must run the same
+        number of steps per epoch (give ``steps_per_epoch`` if the shards differ in length).
+
+        Args:
+            dataset: ``tf.data.Dataset`` of single examples (this rank's share).
+            batch_size: int b >= 1, samples per rank per step.
+            steps_per_epoch: int >= 1, or None to derive it from the datasets' lengths
+                (``min over ranks of floor(cardinality / b)``; one allgather). Needed when the
+                length is unknown (e.g. after ``filter``).
+
+        Returns:
+            dict of ``model.fit`` keyword arguments: ``x`` (a batched, repeated ``tf.data.Dataset``),
+            ``steps_per_epoch`` and ``shuffle=False`` (the pipeline shuffles, if the user's does).
+
+        Raises:
+            TypeError: ``dataset`` is not a ``tf.data.Dataset``.
+            ValueError: bad ``batch_size`` or ``steps_per_epoch``; a rank's data shorter than one
+                batch; an unknown or infinite length without ``steps_per_epoch``.
+        """
+        b = self._check_fit_dataset(dataset, batch_size, steps_per_epoch)
+        if steps_per_epoch is None:
+            per_rank = self._cardinalities(dataset)
+            steps_per_epoch = min(c // b for c in per_rank)
+            if steps_per_epoch < 1:
+                raise ValueError(f"{self.name}: fit_dataset: a rank holds fewer samples than one batch of {b} "
+                                 f"(samples per rank: {per_rank})")
+        self.batch_size = b
+        self.samples_per_epoch = int(steps_per_epoch) * b
+        ds = dataset.repeat().batch(b, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        return {"x": ds, "steps_per_epoch": int(steps_per_epoch), "shuffle": False}
+
+    def _check_fit_dataset(self, dataset, batch_size, steps_per_epoch):
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(f"{self.name}: fit_dataset takes a tf.data.Dataset of single (unbatched) examples, "
+                            f"got {type(dataset).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"{self.name}: fit_dataset: batch_size must be an int >= 1 (samples per rank per step), "
+                             f"got {batch_size!r}")
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool)
+                                            or not isinstance(steps_per_epoch, (int, np.integer))
+                                            or steps_per_epoch < 1):
+            raise ValueError(f"{self.name}: fit_dataset: steps_per_epoch must be None or an int >= 1, "
+                             f"got {steps_per_epoch!r}")
+        return int(batch_size)
+
+    def _cardinalities(self, dataset):
+        """Every rank's dataset length (list of ints, one allgather). Raises ValueError if unknown."""
+        card = int(dataset.cardinality().numpy())
+        per_rank = [int(c) for c in transport.allgather_object(card, name=f"hetsync_{self.name}_cardinality")]
+        if any(c < 0 for c in per_rank):
+            raise ValueError(f"{self.name}: fit_dataset: the dataset length is unknown or infinite on some rank "
+                             f"(tf.data cardinality per rank: {per_rank}; -1 unknown, -2 infinite); "
+                             "pass steps_per_epoch")
+        return per_rank
 
     def step_samples(self, batch):
         """Samples this rank trains on in step ``batch`` of the current epoch (int), or None if unknown.

@@ -159,6 +159,8 @@ class HopProtocol(Protocol):
     display_name = "Hop"
     Config = HopConfig
     requires_mpi = True
+    #: Hop's sends (batch begin) and token takes (batch end) run between every two steps.
+    max_steps_per_execution = 1
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -504,8 +506,9 @@ class HopCallback(keras.callbacks.Callback):
         protocol: the :class:`HopProtocol`.
 
     Raises:
-        ValueError: (at train begin) the ranks do not train the same number of iterations,
-            ``steps_per_execution`` > 1 (Hop needs the callback between every two steps).
+        ValueError: (at train begin) the ranks do not train the same number of iterations.
+            (``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit`: Hop's
+            sends and token takes run between every two steps.)
     """
 
     def __init__(self, protocol):
@@ -513,10 +516,6 @@ class HopCallback(keras.callbacks.Callback):
         self.protocol = protocol
 
     def on_train_begin(self, logs=None):
-        spe = getattr(self.model, "steps_per_execution", 1)
-        spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
-        if spe != 1:
-            raise ValueError(f"Hop needs steps_per_execution=1 (its tokens and sends run between steps), got {spe}")
         opt = self.model.optimizer
         if not opt.built and self.model.trainable_variables:
             opt.build(self.model.trainable_variables)

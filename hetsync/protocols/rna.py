@@ -105,6 +105,9 @@ class RNAConfig(ProtocolConfig):
 class RNAProtocol(Protocol):
     """Randomized non-blocking partial allreduce with a host gradient cache (see :func:`RNA`)."""
 
+    #: the communication thread runs horovod collectives (rounds, drift, parameter averages).
+    collectives_in_thread = True
+
     name = "rna"
     display_name = "RNA"
     Config = RNAConfig

@@ -217,6 +217,36 @@ class SelSyncProtocol(Protocol):
         sampler = partition.LocalSampler(np.arange(len(x)), b_local, seed=seed, rank=runtime.rank())
         return self._dataset(x, y, sampler, seed)
 
+    def fit_dataset(self, dataset, batch_size, steps_per_epoch=None):
+        """A user's ``tf.data`` pipeline (:meth:`hetsync.protocols.Protocol.fit_dataset`); the data
+        order is then the user's (``data_source`` ``"user"``), not SelDP.
+
+        Raises:
+            ValueError: with data injection (alpha, beta > 0), which needs the protocol's own data
+                (:meth:`fit_data` or :meth:`fit_local_data`); and as the base method.
+        """
+        if self.injecting:
+            raise ValueError("SelSync: data injection (alpha, beta > 0) exchanges samples of the protocol's own "
+                             "data; train on opt.hetsync_protocol.fit_data(x, y, b) or fit_local_data(...), or set "
+                             "alpha=0 to train on your own tf.data pipeline")
+        out = super().fit_dataset(dataset, batch_size, steps_per_epoch)
+        self.batch_size_local = self.batch_size_effective = self.batch_size
+        self.data_source = "user"
+        return out
+
+    def check_fit(self, model):
+        """The base checks, and data injection only on the protocol's own data.
+
+        Raises:
+            ValueError: data injection (alpha, beta > 0) without :meth:`fit_data` /
+                :meth:`fit_local_data` (the injection would silently not happen).
+        """
+        super().check_fit(model)
+        if self.injecting and self.dataset is None:
+            raise ValueError("SelSync: data injection (alpha, beta > 0) needs the protocol's own data: "
+                             "model.fit(**opt.hetsync_protocol.fit_data(x, y, b), ...) or fit_local_data(...); "
+                             "with your own data set alpha=0")
+
     def step_samples(self, batch):
         """Samples of one step: b' local plus the injected ones (b without injection), see
         :meth:`hetsync.protocols.Protocol.step_samples`."""

@@ -139,6 +139,8 @@ class TaskAllocationProtocol(Protocol):
     name = "taskalloc"
     display_name = "TaskAllocation"
     Config = TaskAllocationConfig
+    #: the callback feeds each step's sample count m_i before the step (see :meth:`step_samples`).
+    max_steps_per_execution = 1
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
 
@@ -151,6 +153,7 @@ class TaskAllocationProtocol(Protocol):
         self._pending = None
         self._stable_count = 0
         self._data = None
+        self._stream = None  # fit_dataset: {"rounds": R, "yielded": [samples of each batch made]}
         #: int samples per micro-batch, set by :meth:`fit_data` (the argument, or
         #: :func:`hetsync.protocols.allocation.default_micro_batch`); None before.
         self.micro_batch = None
@@ -216,6 +219,15 @@ class TaskAllocationProtocol(Protocol):
                               unit="samples per rank per step, as for BSP")
         if len(x) != len(y):
             raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
+        self._set_batch(b)
+        self.seed, self.n_samples = int(seed), len(x)
+        self._stream = None
+        self._data = AllocatedData(x, y, self)
+        self._plan(0, reset=True)
+        return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
+
+    def _set_batch(self, b):
+        """Set C (adaptive default), :attr:`batch_size` and :attr:`micro_batch` for the run's per-rank batch b."""
         n = runtime.size()
         if self._auto_total:
             unit = self.cfg.micro_batch if self.cfg.micro_batch is not None else ADAPTIVE_DEFAULT_UNIT
@@ -225,21 +237,108 @@ class TaskAllocationProtocol(Protocol):
                 self.weights = round_allocation([total / n] * n, total)
                 self._stats["w"].assign(float(self.weights[runtime.rank()]))
         mb = self.cfg.micro_batch if self.cfg.micro_batch is not None else default_micro_batch(n, b, self.total)
-        self.batch_size, self.micro_batch, self.seed, self.n_samples = b, mb, int(seed), len(x)
+        self.batch_size, self.micro_batch = b, mb
         if self.cfg.micro_batch is None and self.global_batch != n * b and runtime.rank() == 0:
             log.info("taskalloc: C=%d micro-batches do not divide BSP's global batch %d x %d = %d samples; "
                      "micro-batch %d samples, global batch %d samples per round", self.total, n, b, n * b, mb,
                      self.global_batch)
-        self._data = AllocatedData(x, y, self)
+
+    def fit_dataset(self, dataset, batch_size, steps_per_epoch=None):
+        """Return ``model.fit`` data kwargs that batch a user's per-rank ``tf.data`` pipeline by w_i.
+
+        ``dataset`` is this rank's *unbatched* data (e.g. ``ds.shard(hetsync.size(), hetsync.rank())``).
+        Each step (one round) this rank takes the next w_i micro-batches of :attr:`micro_batch`
+        samples from it, w_i x micro_batch samples as one batch, where w_i is the allocation of the
+        step's epoch: under ``adaptive`` a new w from the exchange at an epoch's end applies from
+        the next epoch's first batch on. The batches come from a Python generator
+        (``tf.data.Dataset.from_generator``) over the user's dataset cut into micro-batches
+        (``dataset.repeat().batch(micro_batch, drop_remainder=True)``); a request for a batch of an
+        epoch whose allocation is not set yet (Keras prefetches ahead) waits for it, as
+        :class:`AllocatedData` does, at most ``data_timeout_s``.
+
+        Data: the user's dataset is repeated, so a rank with a larger share simply goes through its
+        own data faster (unlike :meth:`fit_data`, which reshards the whole training set by w_i every
+        epoch so each sample is used once per epoch). Rounds per epoch R: ``steps_per_epoch`` if
+        given, else floor(sum over ranks of the dataset lengths / global batch) (one allgather).
+        Requirements (checked): ``steps_per_execution=1`` (as for every task-allocation run),
+        elements whose first dimension can be concatenated (tensors, or tuples/dicts of tensors).
+
+        Args:
+            dataset: ``tf.data.Dataset`` of single examples (this rank's share).
+            batch_size: int b >= 1, the run's per-rank batch size in samples, as for BSP and
+                :meth:`fit_data` (sets C and the micro-batch the same way).
+            steps_per_epoch: int R >= 1 (rounds per epoch, the same on every rank), or None.
+
+        Returns:
+            ``{"x": tf.data.Dataset, "steps_per_epoch": R, "shuffle": False}`` (infinite; Keras keeps one iterator
+            for the whole fit).
+
+        Raises:
+            TypeError: ``dataset`` not a ``tf.data.Dataset``.
+            ValueError: bad ``batch_size`` or ``steps_per_epoch``; unknown length without
+                ``steps_per_epoch``; fewer samples than one global batch; ranks passing different
+                ``steps_per_epoch``.
+        """
+        b = self._check_fit_dataset(dataset, batch_size, steps_per_epoch)
+        self._set_batch(b)
+        if steps_per_epoch is None:
+            per_rank = self._cardinalities(dataset)
+            rounds = sum(per_rank) // self.global_batch
+            if rounds < 1:
+                raise ValueError(f"TaskAllocation: fit_dataset: {sum(per_rank)} samples over all ranks (per rank "
+                                 f"{per_rank}) are fewer than one round's global batch of {self.global_batch}")
+        else:
+            rounds = int(steps_per_epoch)
+            agreed = transport.allgather_object(rounds, name="hetsync_taskalloc_stream_rounds")
+            if len(set(agreed)) != 1:
+                raise ValueError(f"TaskAllocation: fit_dataset: the ranks passed different steps_per_epoch {agreed}")
+        self.seed, self.n_samples = 0, rounds * self.global_batch
+        self._stream = {"rounds": rounds, "yielded": []}
+        self._data = None
         self._plan(0, reset=True)
-        return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
+        mb = self.micro_batch
+        micro = dataset.repeat().batch(mb, drop_remainder=True)
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype), micro.element_spec)
+        stream = self._stream
+
+        def batches():
+            it = iter(micro)
+            t = 0
+            while True:
+                m = self.stream_samples(t)
+                if m is None:  # the fit ended: stop the pipeline
+                    return
+                parts = [next(it) for _ in range(max(1, m // mb))]
+                stream["yielded"].append(m)
+                yield tf.nest.map_structure(lambda *xs: tf.concat(xs, 0).numpy(), *parts)
+                t += 1
+
+        ds = tf.data.Dataset.from_generator(batches, output_signature=spec)
+        return {"x": ds.prefetch(1), "steps_per_epoch": rounds, "shuffle": False}
+
+    def stream_samples(self, t):
+        """Samples of this rank at global step ``t`` of a :meth:`fit_dataset` run (int w_i x
+        micro_batch of step t's epoch), waiting for that epoch's allocation; None once the fit ended.
+
+        Raises:
+            RuntimeError: the epoch's allocation did not come within ``data_timeout_s`` seconds.
+        """
+        with self._plan_cv:
+            rounds = self.rounds
+        epoch, r = divmod(int(t), rounds)
+        count = self.indices_for(epoch, r)
+        return None if count is None else int(count)
 
     # -- per-epoch plan ----------------------------------------------------------------------------
     def _plan(self, epoch, reset=False):
         """Plan ``epoch`` under the current weights: computed first, then published atomically under
         ``_plan_cv`` (Keras' prefetching thread reads the plans while holding it)."""
-        counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
-        indices = epoch_indices(self.n_samples, counts, epoch, self.seed)
+        if self._stream is not None:  # fit_dataset: every round w_i micro-batches; the plan is the counts
+            counts = np.tile(np.asarray(self.weights, np.int64) * int(self.micro_batch), (self._stream["rounds"], 1))
+            indices = counts
+        else:
+            counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
+            indices = epoch_indices(self.n_samples, counts, epoch, self.seed)
         mine = int(counts[:, runtime.rank()].sum())
         with self._plan_cv:
             self.counts, self.rounds, self.epoch, self._indices = counts, len(counts), epoch, indices
@@ -320,14 +419,15 @@ class TaskAllocationProtocol(Protocol):
         with self._plan_cv:
             self._closed = True
             self._plan_cv.notify_all()
-        if self._data is not None:
+        if self._data is not None or self._stream is not None:
             self._plan(0, reset=True)
 
     def begin_epoch(self, epoch):
         """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
-        if self._data is None:
+        if self._data is None and self._stream is None:
             raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
-                               "batch_size): the protocol needs its own per-rank shares")
+                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
+                               "batch_size): the protocol sets each rank's batch to its share w_i")
         if self._pending is not None:
             self.weights, self._pending = self._pending, None
         self._plan(epoch)
@@ -455,9 +555,10 @@ class _TaskAllocationCallback(keras.callbacks.Callback):
         self.p = protocol
 
     def on_train_begin(self, logs=None):
-        if self.p._data is None:
+        if self.p._data is None and self.p._stream is None:
             raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
-                               "batch_size): the protocol needs its own per-rank shares")
+                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
+                               "batch_size): the protocol sets each rank's batch to its share w_i")
         self.p.begin_fit()
 
     def on_train_end(self, logs=None):

@@ -12,12 +12,19 @@ wrapped with the same protocol and configuration, as ``hvd.load_model`` does for
 :func:`protocol_wrapper` makes a protocol's public wrapper function (``hetsync.RNA(optimizer,
 probes=2, ...)``) from its configuration dataclass: the signature and the docstring's argument
 list come from the dataclass fields.
+
+Mixed precision: wrap the ``keras.optimizers.LossScaleOptimizer`` (``hetsync.BSP(
+keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))``), not the other way round. The
+protocol then sees unscaled gradients and the loss-scale logic runs after it (see
+``_ProtocolOptimizer.apply``). Wrapping a protocol-wrapped optimizer in a LossScaleOptimizer is
+refused: its skip of a non-finite step would leave the protocol's collective on one rank only.
 """
 import inspect
 import sys
 import threading
 
 import keras
+import tensorflow as tf
 
 from .. import runtime
 
@@ -63,7 +70,25 @@ class _ProtocolOptimizer:
     def apply(self, grads, trainable_variables=None):
         variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
         base_apply = super().apply
-        return self.hetsync_protocol._step(list(grads), variables, lambda g, v: base_apply(g, v))
+        grads = list(grads)
+        if isinstance(self, keras.optimizers.LossScaleOptimizer):
+            # Mixed precision with loss scaling: Keras computed the gradients of the *scaled* loss. The
+            # protocol sees true gradients (divided by this rank's current scale, a power of two, so
+            # exactly), and what it applies is scaled back before LossScaleOptimizer.apply, which
+            # unscales it again, skips a non-finite step and adapts the scale. So values averaged
+            # across ranks never mix scales (RNA, SelSync's gradient norms), and a step with an
+            # inf/nan on any rank under BSP is skipped on every rank (the average carries it).
+            if not self.built:
+                self.build(variables)
+            scale = tf.convert_to_tensor(self.dynamic_scale.value)
+            grads = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
+
+            def local_apply(g, v):
+                return base_apply([None if x is None else x * tf.cast(scale, x.dtype) for x in g], v)
+        else:
+            def local_apply(g, v):
+                return base_apply(g, v)
+        return self.hetsync_protocol._step(grads, variables, local_apply)
 
     def get_config(self):
         config = super().get_config()

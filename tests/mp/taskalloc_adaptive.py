@@ -33,6 +33,8 @@ p.add_argument("--width", type=int, default=64)
 p.add_argument("--tile", type=int, default=4)
 p.add_argument("--threshold", type=float, default=0.05)
 p.add_argument("--device-ms-per-sample", type=float, default=0.0)
+p.add_argument("--fit-dataset", action="store_true",
+               help="feed a user's per-rank unbatched tf.data pipeline through fit_dataset instead of fit_data")
 a = p.parse_args()
 hetsync.init()
 ds = hetsync.data.load("digits", seed=0)
@@ -91,7 +93,14 @@ def run(spec):
         opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.05), mode=a.mode, weights=weights,
                                      total=None if weights else a.total, threshold=a.threshold,
                                      micro_batch=a.micro_batch)
-        data = opt.hetsync_protocol.fit_data(x, y, a.batch_size, seed=0)
+        if a.fit_dataset:
+            import tensorflow as tf
+
+            xs, ys = hetsync.data.shard(x, y, hetsync.rank(), hetsync.size(), seed=0)
+            user = tf.data.Dataset.from_tensor_slices((xs, ys)).shuffle(len(xs), seed=hetsync.rank())
+            data = opt.hetsync_protocol.fit_dataset(user, a.batch_size)
+        else:
+            data = opt.hetsync_protocol.fit_data(x, y, a.batch_size, seed=0)
     model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
     cbs = [hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt) + [timer]
     model.fit(**data, epochs=a.epochs, verbose=0, callbacks=cbs)

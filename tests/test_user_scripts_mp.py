@@ -1,0 +1,100 @@
+"""A user's own Keras script under every protocol (examples/keras_mnist_convnet.py: tf.data, Adam,
+BatchNormalization, validation, ModelCheckpoint/TensorBoard on rank 0, MetricAverage), mixed
+precision, steps_per_execution, and the model-zoo example (examples/keras_applications.py).
+Real 2-rank mpirun launches."""
+import math
+import os
+
+import pytest
+
+from conftest import launch, read_json
+
+pytestmark = pytest.mark.mpi
+
+CONVNET = "examples/keras_mnist_convnet.py"
+APPS = "examples/keras_applications.py"
+SMALL = ["--epochs", "2", "--steps-per-epoch", "5", "--batch-size", "32", "--train-samples", "2000"]
+
+# protocol -> extra arguments; every one of them must leave identical weights on both ranks after fit
+# (BSP and task allocation always; RNA, SelSync and local SGD average at the end; FedAvg's last step averages).
+PROTOCOLS = {
+    "bsp": [],
+    "rna": [],
+    "selsync": ["--protocol-arg", "delta=0.3"],
+    "fedavg": [],
+    "localsgd": ["--protocol-arg", "period=2"],
+    "taskalloc": ["--protocol-arg", "weights=[3,1]"],
+    "hop": ["--protocol-arg", "backup_workers=1"],  # Hop and NOTIFY-ACK average once at the end
+    "notifyack": [],
+}
+
+
+def _convnet(tmp_path, protocol, *extra, check=True):
+    out = tmp_path / f"{protocol}.json"
+    proc = launch(2, [CONVNET, "--protocol", protocol, "--out", str(out)] + SMALL + list(extra), timeout=400,
+                  check=check)
+    return (read_json(out) if out.exists() else None), proc
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_every_protocol_trains_the_ported_convnet_from_a_tf_data_pipeline(tmp_path, protocol):
+    extra = list(PROTOCOLS[protocol])
+    if protocol == "bsp":
+        extra += ["--checkpoint-dir", str(tmp_path / "ck")]
+    r, _ = _convnet(tmp_path, protocol, *extra)
+    loss = r["history"]["loss"]
+    assert len(loss) == 2 and loss[1] < loss[0], loss  # epoch-mean training loss, averaged over ranks
+    assert r["history"]["val_accuracy"][1] > 0.2  # 10 classes: above chance after 10 Adam steps
+    assert r["weights_max_abs_diff"] <= 1e-6
+    assert r["steps_per_epoch"] == 5
+    if protocol == "taskalloc":
+        st = r["stats"]
+        # w = [3, 1] micro-batches of n b / C = 2 x 32 / 4 = 16 samples: rank 0 trains on 48, rank 1 on 16
+        assert st["final_w"] == [3, 1] and st["micro_batch"] == 16 and st["global_batch"] == 64
+        assert [e["samples"] for e in st["epochs"]] == [[240, 80], [240, 80]]
+    if protocol == "bsp":
+        assert (tmp_path / "ck" / "best.keras").is_file()
+        assert any(os.scandir(tmp_path / "ck" / "tensorboard"))
+        assert r["optimizer_class"] == "BSP_Adam"
+
+
+@pytest.mark.parametrize("protocol,spe", [("bsp", 2), ("rna", 4)])
+def test_mixed_bfloat16_with_loss_scaling_and_steps_per_execution(tmp_path, protocol, spe):
+    r, _ = _convnet(tmp_path, protocol, "--mixed-precision", "mixed_bfloat16", "--loss-scale",
+                    "--steps-per-execution", str(spe))
+    assert r["policy"] == "mixed_bfloat16" and r["compute_dtype"] == "bfloat16"
+    assert r["optimizer_class"] == f"{protocol.upper()}_LossScaleOptimizer"
+    loss = r["history"]["loss"]
+    assert all(math.isfinite(v) for v in loss) and loss[1] < loss[0], loss
+    assert r["weights_max_abs_diff"] <= 1e-6
+    assert len(set(r["loss_scales"])) == 1  # the dynamic loss scale stayed the same on both ranks
+    if protocol == "rna":
+        assert r["stats"]["rounds"] > 0
+
+
+@pytest.mark.parametrize("protocol", ["taskalloc", "hop"])
+def test_step_by_step_protocols_refuse_steps_per_execution_above_one_before_training(tmp_path, protocol):
+    r, proc = _convnet(tmp_path, protocol, "--steps-per-execution", "2", check=False)
+    assert proc.returncode != 0 and r is None
+    assert "steps_per_execution=2" in proc.stderr and "steps_per_execution <= 1" in proc.stderr
+
+
+@pytest.mark.parametrize("model,protocol,data", [("ResNet50", "bsp", "synthetic"), ("MobileNetV2", "rna", "digits")])
+def test_keras_applications_reports_images_per_second(tmp_path, model, protocol, data):
+    out = tmp_path / "apps.json"
+    launch(2, [APPS, "--model", model, "--protocol", protocol, "--data", data, "--image-size", "32",
+               "--batch-size", "8", "--steps", "4", "--warmup-steps", "1", "--out", str(out)], timeout=400)
+    r = read_json(out)
+    assert r["model"] == model and r["world_size"] == 2 and r["timed_steps"] == 3
+    per_rank = r["images_per_s_per_rank"]
+    assert len(per_rank) == 2 and all(v > 0 for v in per_rank)
+    # total = every rank's images over the slowest rank's time: between the slowest rank's rate and the sum
+    assert min(per_rank) <= r["images_per_s_total"] <= sum(per_rank) * 1.0001
+    assert all(ms > 0 for ms in r["step_ms_median_per_rank"])
+    assert math.isfinite(r["loss_last"]) and r["params"] > 1e6
+    assert r["weights_max_abs_diff"] <= 1e-6  # BSP always; RNA after its final average
+
+
+def test_keras_applications_rejects_an_unknown_model_before_training(tmp_path):
+    proc = launch(1, [APPS, "--model", "NoSuchNet"], launcher="single", check=False, timeout=120)
+    assert proc.returncode == 2 and "NoSuchNet" in proc.stderr and "ResNet50" in proc.stderr
