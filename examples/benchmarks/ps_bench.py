@@ -137,7 +137,7 @@ def summarise(runs, suite, baseline):
     rows = []
     mine_all = [r for r in runs if r["suite"] == suite and "error" not in r]
     for label in dict.fromkeys(r["label"] for r in runs if r["suite"] == suite):
-        acc, sps, ttt, speed, dacc, ens = [], [], [], [], [], []
+        acc, sps, ttt, speed, dacc, ens, over = [], [], [], [], [], [], []
         for seed in sorted({r["seed"] for r in runs}):
             m = [r for r in mine_all if r["seed"] == seed and r["label"] == label]
             b = [r for r in mine_all if r["seed"] == seed and r["label"] == baseline]
@@ -148,6 +148,7 @@ def summarise(runs, suite, baseline):
             sps.append(m["steps_per_s"])
             ttt.append(m["time_to_target_s"])
             ens.append(m.get("ensemble_prediction_accuracy"))
+            over.append(100.0 * m["overrun_fraction"] if m.get("overrun_fraction") is not None else None)
             if b:
                 b = b[0]
                 dacc.append(100.0 * (m["final_test_accuracy"] - b["final_test_accuracy"]))
@@ -155,18 +156,20 @@ def summarise(runs, suite, baseline):
                     speed.append(b["time_to_target_s"] / m["time_to_target_s"])
         rows.append({"label": label, "final_accuracy": _med(acc), "steps_per_s": _med(sps),
                      "time_to_target_s": _med(ttt), "time_to_target_speedup": _med(speed),
-                     "accuracy_delta_pt": _med(dacc), "ensemble_prediction_accuracy": _med(ens)})
+                     "accuracy_delta_pt": _med(dacc), "ensemble_prediction_accuracy": _med(ens),
+                     "overrun_pct": _med(over)})
     return rows
 
 
 def table(rows, baseline):
     """One Markdown table (str)."""
     lines = [f"| run | final accuracy | acc. vs {baseline} (pt) | steps/s (rank 0) | time to target s | "
-             f"speed-up vs {baseline} | ensemble prediction acc. |", "|---|---|---|---|---|---|---|"]
+             f"speed-up vs {baseline} | ensemble prediction acc. | overrun steps % |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['label']} | {_fmt(r['final_accuracy'], '{:.3f}')} | {_fmt(r['accuracy_delta_pt'], '{:+.2f}')} "
                      f"| {_fmt(r['steps_per_s'], '{:.1f}')} | {_fmt(r['time_to_target_s'])} | "
-                     f"{_fmt(r['time_to_target_speedup'])}x | {_fmt(r['ensemble_prediction_accuracy'], '{:.3f}')} |")
+                     f"{_fmt(r['time_to_target_speedup'])}x | {_fmt(r['ensemble_prediction_accuracy'], '{:.3f}')} | "
+                     f"{_fmt(r['overrun_pct'], '{:.1f}')} |")
     return "\n".join(lines)
 
 
@@ -190,6 +193,7 @@ def parse_args(argv=None):
     p.add_argument("--target", type=float, default=0.85, help="test accuracy of the time-to-target figure")
     p.add_argument("--digits", action="store_true", help="digits instead of MNIST")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch")
+    p.add_argument("--reanalyse", action="store_true", help="print the tables from OUT/results.json, launch nothing")
     args = p.parse_args(argv)
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",")]
@@ -211,7 +215,10 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     runs = []
-    for seed in args.seed_list:
+    if args.reanalyse:  # tables again from an earlier run's results.json, nothing launched
+        with open(os.path.join(args.out, "results.json")) as f:
+            runs = json.load(f)["runs"]
+    for seed in ([] if args.reanalyse else args.seed_list):
         for suite in args.suite_list:
             cs = configurations(suite, args)
             cs = cs[seed % len(cs):] + cs[:seed % len(cs)]  # rotate the order per seed (the machine drifts)
