@@ -5,10 +5,11 @@ A user's own script: its own ``tf.data`` input pipeline, ``keras.optimizers.Adam
 the single-process script are marked ``# hetsync`` (README, "Coming from horovod"):
 
 1. ``hetsync.init()``;
-2. each rank keeps its part of the training data (``shard``) and the protocol batches it
-   (``opt.hetsync_protocol.fit_dataset``: plain batches for every protocol, w_i micro-batches
-   per step for task allocation);
-3. the optimizer is wrapped with a protocol;
+2. the optimizer is wrapped with a protocol;
+3. each rank keeps its part of the training data (``hetsync.data.shard_dataset``: horovod's
+   ``shard(size, rank)``, over the workers only when some ranks serve parameters) and the
+   protocol batches it (``opt.hetsync_protocol.fit_dataset``: plain batches for every protocol,
+   w_i micro-batches per step for task allocation, one batch on a server rank);
 4. the callbacks: ``hetsync.callbacks.standard(opt)`` (initial broadcast, protocol hooks),
    ``MetricAverage()`` and the file-writing callbacks on rank 0 only.
 
@@ -113,17 +114,18 @@ def main(argv=None):
         x_train, y_train = x_train[:args.train_samples], y_train[:args.train_samples]
     num_classes = 10
 
-    # The input pipeline: one example at a time, shuffled per epoch.
-    train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-    train = train.shard(hetsync.size(), hetsync.rank())  # hetsync: this rank's part of the data
-    train = train.shuffle(len(x_train), seed=args.seed, reshuffle_each_iteration=True)
-    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(256)
-
     model = build_model(input_shape, num_classes)
     optimizer = keras.optimizers.Adam(learning_rate=args.lr)
     if args.loss_scale:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     optimizer = hetsync.protocols.get_wrapper(args.protocol)(optimizer, **proto_kwargs)  # hetsync
+
+    # The input pipeline: one example at a time, shuffled per epoch.
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+    train = hetsync.data.shard_dataset(train)  # hetsync: this worker's part of the data
+    train = train.shuffle(len(x_train), seed=args.seed, reshuffle_each_iteration=True)
+    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(256)
+
     model.compile(loss="sparse_categorical_crossentropy", optimizer=optimizer, metrics=["accuracy"],
                   steps_per_execution=args.steps_per_execution)
 
@@ -144,7 +146,8 @@ def main(argv=None):
     diff = hetsync.transport.max_abs_difference_across_ranks(model.trainable_variables)
     if hetsync.rank() == 0:
         print(f"test loss {score[0]:.4f}, test accuracy {score[1]:.4f}, weights max diff across ranks {diff:.3g}")
-    report = {"protocol": args.protocol, "world_size": hetsync.size(), "dataset": data_name,
+    report = {"protocol": args.protocol, "world_size": hetsync.size(), "workers": hetsync.num_workers(),
+              "train_samples_this_rank": int(train.cardinality().numpy()), "dataset": data_name,
               "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
               "steps_per_epoch": data["steps_per_epoch"], "test_loss": float(score[0]),
               "test_accuracy": float(score[1]), "weights_max_abs_diff": float(diff), "fit_wall_s": wall,

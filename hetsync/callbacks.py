@@ -452,7 +452,9 @@ class MetricAverage(keras.callbacks.Callback):
     their order, so they could pair the metrics with RNA's round. There the metrics go through
     the point-to-point dispatcher (mpi4py on its own communicator): every rank sends them to rank
     0, which sends everyone the list (channels ``metrics.gather`` and ``metrics.result``, tagged
-    by epoch, ``timeout_s`` each).
+    by epoch, ``timeout_s`` each). Under a parameter-server protocol the mean is over the n
+    workers, by the same point-to-point path; a server rank (whose ``fit`` serves and runs one
+    step that trains nothing) leaves its logs alone.
 
     Args:
         timeout_s: float seconds > 0 a rank waits for the others' metrics (point-to-point path).
@@ -468,11 +470,12 @@ class MetricAverage(keras.callbacks.Callback):
             raise ValueError(f"MetricAverage: timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
 
-    def _gather(self, mine, epoch):
-        proto = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
-        if not getattr(proto, "collectives_in_thread", False) or runtime.size() == 1:
+    def _gather(self, mine, epoch, proto):
+        with_servers = runtime.num_servers() > 0
+        if (not getattr(proto, "collectives_in_thread", False) and not with_servers) or runtime.size() == 1:
             return transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
-        d, rank, n = transport.dispatcher(), runtime.rank(), runtime.size()
+        # over the workers only (ranks 0 .. n - 1) when some ranks serve parameters
+        d, rank, n = transport.dispatcher(), runtime.rank(), runtime.num_workers()
         if rank != 0:
             d.send(0, "metrics.gather", mine, tag=epoch)
             return d.recv("metrics.result", source=0, tag=epoch, timeout_s=self.timeout_s).obj
@@ -483,7 +486,8 @@ class MetricAverage(keras.callbacks.Callback):
         return rows
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
+        proto = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
+        if logs is None or getattr(proto, "serves", False):  # a server rank's logs are not training's
             return
         mine = {}
         for k, v in logs.items():
@@ -491,7 +495,7 @@ class MetricAverage(keras.callbacks.Callback):
                 mine[k] = float(v)
             except (TypeError, ValueError):
                 pass
-        gathered = self._gather(mine, epoch)
+        gathered = self._gather(mine, epoch, proto)
         keys = set(gathered[0])
         if any(set(g) != keys for g in gathered):
             raise ValueError(f"MetricAverage: the ranks logged different metrics at epoch {epoch}: "

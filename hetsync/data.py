@@ -7,7 +7,8 @@
 
 Both give float32 images scaled to [0, 1] with a channel axis ([N, H, W, 1]) and int64 labels,
 split into train and test with a stratified, seeded split; :func:`shard` gives each rank a
-disjoint, equally long part of the training set.
+disjoint, equally long part of the training set, :func:`shard_dataset` a worker's part of a user's
+``tf.data`` pipeline.
 """
 import dataclasses
 import glob
@@ -16,7 +17,8 @@ import os
 
 import numpy as np
 
-__all__ = ["Dataset", "load", "load_digits", "load_idx_folder", "read_idx", "shard", "DataError", "DATASETS"]
+__all__ = ["Dataset", "load", "load_digits", "load_idx_folder", "read_idx", "shard", "shard_dataset", "DataError",
+           "DATASETS"]
 
 DATASETS = ("digits", "mnist-idx")
 
@@ -186,3 +188,36 @@ def shard(x, y, rank, world_size, seed=0):
     order = np.random.default_rng(seed).permutation(n)[: per * world_size]
     mine = order[rank::world_size]
     return x[mine], y[mine]
+
+
+def shard_dataset(dataset):
+    """Return this rank's share of a user's ``tf.data.Dataset``: its part among the *workers*.
+
+    ``dataset.shard(n, i)`` with n = :func:`hetsync.num_workers` and i = :func:`hetsync.worker_rank`,
+    so under a parameter-server protocol (whose last K ranks serve and train on nothing) every
+    sample goes to a worker; without servers this is ``dataset.shard(hetsync.size(),
+    hetsync.rank())``, horovod's usual line. A server rank gets worker 0's share (the protocol's
+    ``fit_dataset`` takes one batch of it, which the server never trains on). Call it after wrapping
+    the optimizer: wrapping a parameter-server protocol sets the roles.
+
+    Args:
+        dataset: ``tf.data.Dataset`` (any element structure; unbatched if it then goes to
+            ``Protocol.fit_dataset``).
+
+    Returns:
+        ``tf.data.Dataset``: every n-th element, from this worker's index on.
+
+    Raises:
+        TypeError: ``dataset`` has no ``shard`` method (not a ``tf.data.Dataset``).
+        RuntimeError: hetsync is not initialised (:func:`hetsync.init`).
+        ValueError: no worker rank (every rank serves).
+    """
+    from . import runtime
+
+    if not hasattr(dataset, "shard"):
+        raise TypeError(f"shard_dataset takes a tf.data.Dataset, got {type(dataset).__name__}")
+    if runtime.num_workers() < 1:
+        raise ValueError(f"shard_dataset: no worker rank to shard over ({runtime.size()} ranks, "
+                         f"{runtime.num_servers()} servers)")
+    index = runtime.worker_rank()
+    return dataset.shard(runtime.num_workers(), 0 if index is None else index)

@@ -187,6 +187,14 @@ def test_a_stalled_server_gives_the_workers_a_clear_error(tmp_path):
     assert "FINISHED" not in text and elapsed < 200
 
 
+def test_a_killed_server_ends_the_job_with_the_launchers_error_not_a_hang(tmp_path):
+    proc, text, elapsed = _failing(tmp_path, "killserver", 3)
+    assert proc.returncode != 0 and "FINISHED" not in text
+    # mpirun names the dead rank and its signal; the workers do not wait out their timeouts
+    assert "rank 2" in text and "signal 9" in text, text[-3000:]
+    assert elapsed < 120
+
+
 def test_a_stalled_worker_is_named_by_the_server_which_tells_the_others(tmp_path):
     proc, text, elapsed = _failing(tmp_path, "deadworker", 3)
     assert proc.returncode != 0

@@ -15,8 +15,9 @@ CONVNET = "examples/keras_mnist_convnet.py"
 APPS = "examples/keras_applications.py"
 SMALL = ["--epochs", "2", "--steps-per-epoch", "5", "--batch-size", "32", "--train-samples", "2000"]
 
-# protocol -> extra arguments; every one of them must leave identical weights on both ranks after fit
-# (BSP and task allocation always; RNA, SelSync and local SGD average at the end; FedAvg's last step averages).
+# protocol -> extra arguments; every one of them but ENSEMBLE must leave identical weights on both ranks after
+# fit (BSP and task allocation always; RNA, SelSync and local SGD average at the end; FedAvg's last step
+# averages; ASP, SHAT(-root) with n = 1 (alpha = 1) and SSP leave fit holding the server's w~ on every rank).
 PROTOCOLS = {
     "bsp": [],
     "rna": [],
@@ -26,7 +27,16 @@ PROTOCOLS = {
     "taskalloc": ["--protocol-arg", "weights=[3,1]"],
     "hop": ["--protocol-arg", "backup_workers=1"],  # Hop and NOTIFY-ACK average once at the end
     "notifyack": [],
+    # parameter servers: 2 ranks = 1 worker + 1 server. The server applies plain SGD with the worker's
+    # learning rate (SHAT Algorithm 1), so the protocols that take w~ get an SGD-sized one.
+    "asp": ["--protocol-arg", "servers=1", "--lr", "0.05"],
+    "shat": ["--protocol-arg", "servers=1", "--lr", "0.05"],
+    "shatroot": ["--protocol-arg", "servers=1", "--lr", "0.05"],
+    "ssp": ["--protocol-arg", "servers=1", "--protocol-arg", "staleness=1", "--lr", "0.05"],
+    "ensemble": ["--protocol-arg", "servers=1"],
+    "rnah": ["--protocol-arg", "servers=1"],
 }
+SERVED = {"asp", "shat", "shatroot", "ssp", "ensemble", "rnah"}
 
 
 def _convnet(tmp_path, protocol, *extra, check=True):
@@ -45,8 +55,16 @@ def test_every_protocol_trains_the_ported_convnet_from_a_tf_data_pipeline(tmp_pa
     loss = r["history"]["loss"]
     assert len(loss) == 2 and loss[1] < loss[0], loss  # epoch-mean training loss, averaged over ranks
     assert r["history"]["val_accuracy"][1] > 0.2  # 10 classes: above chance after 10 Adam steps
-    assert r["weights_max_abs_diff"] <= 1e-6
+    if protocol != "ensemble":  # ENSEMBLE's worker keeps its local model (alpha = 0), the server holds w~
+        assert r["weights_max_abs_diff"] <= 1e-6
     assert r["steps_per_epoch"] == 5
+    # hetsync.data.shard_dataset: the training set goes to the workers only
+    assert r["workers"] == (1 if protocol in SERVED else 2)
+    assert r["train_samples_this_rank"] == 2000 // r["workers"]
+    if protocol == "rnah":
+        assert r["stats"]["rounds"] > 0
+    elif protocol in SERVED:  # one push per worker step: 2 epochs x 5 steps
+        assert r["stats"]["pushes_per_server"] == [10]
     if protocol == "taskalloc":
         st = r["stats"]
         # w = [3, 1] micro-batches of n b / C = 2 x 32 / 4 = 16 samples: rank 0 trains on 48, rank 1 on 16
@@ -72,9 +90,9 @@ def test_mixed_bfloat16_with_loss_scaling_and_steps_per_execution(tmp_path, prot
         assert r["stats"]["rounds"] > 0
 
 
-@pytest.mark.parametrize("protocol", ["taskalloc", "hop"])
+@pytest.mark.parametrize("protocol", ["taskalloc", "hop", "asp"])
 def test_step_by_step_protocols_refuse_steps_per_execution_above_one_before_training(tmp_path, protocol):
-    r, proc = _convnet(tmp_path, protocol, "--steps-per-execution", "2", check=False)
+    r, proc = _convnet(tmp_path, protocol, *PROTOCOLS[protocol], "--steps-per-execution", "2", check=False)
     assert proc.returncode != 0 and r is None
     assert "steps_per_execution=2" in proc.stderr and "steps_per_execution <= 1" in proc.stderr
 

@@ -283,10 +283,13 @@ class Protocol:
         the whole training set as arrays). ``dataset`` is this rank's *unbatched* data, for example
         ``tf.data.Dataset.from_tensor_slices((x, y)).shard(hetsync.size(), hetsync.rank())
         .shuffle(4096)`` (elements ``(x, y)`` or any structure Keras accepts); the protocol batches
-        it. Default (BSP, RNA, SelSync without data injection, FedAvg, local SGD): batches of
-        ``batch_size`` samples, the partial last one dropped, repeated, with the same number of
-        steps per epoch on every rank (the smallest rank's, so a collective never waits for a rank
-        that has finished its epoch). Task allocation overrides this (its batches follow w_i).
+        it. Default (BSP, RNA, SelSync without data injection, FedAvg, local SGD, Hop, the
+        parameter-server protocols): batches of ``batch_size`` samples, the partial last one
+        dropped, repeated, with the same number of steps per epoch on every worker rank (the
+        smallest worker's, so a collective never waits for a rank that has finished its epoch).
+        A parameter-server rank gets one batch (one step, it trains on nothing; shard with
+        :func:`hetsync.data.shard_dataset` so that every sample goes to a worker). Task allocation
+        overrides this (its batches follow w_i).
 
         A batched ``tf.data.Dataset`` or NumPy arrays can also go to ``model.fit`` directly, as
         without hetsync, for every protocol but task allocation; then every rank must run the same
@@ -306,16 +309,24 @@ class Protocol:
         Raises:
             TypeError: ``dataset`` is not a ``tf.data.Dataset``.
             ValueError: bad ``batch_size`` or ``steps_per_epoch``; a rank's data shorter than one
-                batch; an unknown or infinite length without ``steps_per_epoch``.
+                batch; an unknown or infinite length without ``steps_per_epoch``; no worker left
+                (``servers`` >= ranks).
         """
         b = self._check_fit_dataset(dataset, batch_size, steps_per_epoch)
+        self.check_roles()
         if steps_per_epoch is None:
-            per_rank = self._cardinalities(dataset)
+            # every rank takes part in the allgather; the workers' lengths set the steps
+            per_rank = self._cardinalities(dataset)[:runtime.num_workers()]
             steps_per_epoch = min(c // b for c in per_rank)
             if steps_per_epoch < 1:
                 raise ValueError(f"{self.name}: fit_dataset: a rank holds fewer samples than one batch of {b} "
-                                 f"(samples per rank: {per_rank})")
+                                 f"(samples per worker rank: {per_rank})")
         self.batch_size = b
+        if runtime.is_server():
+            # a parameter-server rank serves inside its fit and trains on nothing: one batch, one step
+            self.samples_per_epoch = 0
+            ds = dataset.take(1).repeat(b).batch(b, drop_remainder=True)
+            return {"x": ds, "steps_per_epoch": 1, "shuffle": False}
         self.samples_per_epoch = int(steps_per_epoch) * b
         ds = dataset.repeat().batch(b, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
         return {"x": ds, "steps_per_epoch": int(steps_per_epoch), "shuffle": False}

@@ -73,6 +73,9 @@ class PSProtocol(Protocol):
     """
 
     requires_mpi = True
+    # the push, the pull and the mixing run between every two steps (PSCallback.on_train_batch_end), so a
+    # compiled loop of k > 1 steps would push one gradient in k
+    max_steps_per_execution = 1
     #: apply the wrapped optimizer's step to the local model (False where alpha is always 1: it is overwritten).
     local_step = True
 

@@ -125,6 +125,8 @@ class HierarchicalRNAProtocol(RNAProtocol):
     name = "rnah"
     display_name = "HierarchicalRNA"
     Config = HierarchicalRNAConfig
+    # the warm-up timing, the regrouping and the server exchange run between steps (on_train_batch_end)
+    max_steps_per_execution = 1
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

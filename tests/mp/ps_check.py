@@ -21,6 +21,7 @@ MODE:
               (N) x eta on N ranks: the final weights.
   deadserver  ASP, timeout_s=6; the server rank stops itself (SIGSTOP) 15 s after start (training runs by then): every worker must
               fail with an error naming the server. Prints ERROR lines and exits 1 on the workers.
+  killserver  as deadserver, but the server kills itself (SIGKILL): the launcher must end the job, no hang.
   deadworker  ASP, timeout_s=6; worker 1 stops itself (SIGSTOP) after 5 steps: the server must name it and
               tell worker 0.
   toomany     SHAT, sharding=layer, servers=3 on a model of 2 variables (5 ranks): a clear error at train begin.
@@ -178,8 +179,8 @@ elif mode == "bsp":
     fit["steps_per_epoch"] = 10
     model.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(opt))
     dump({"rank": rank, "final": flat(model).tolist()})
-elif mode in ("deadserver", "deadworker"):
-    victim = size - 1 if mode == "deadserver" else 1
+elif mode in ("deadserver", "killserver", "deadworker"):
+    victim = 1 if mode == "deadworker" else size - 1
     opt = hetsync.ASP(keras.optimizers.SGD(ETA), servers=1, timeout_s=6.0)
 
     class Stopper(keras.callbacks.Callback):
@@ -192,8 +193,9 @@ elif mode in ("deadserver", "deadworker"):
             if mode == "deadworker" and rank == victim and self.steps == 5:
                 os.kill(os.getpid(), signal.SIGSTOP)
 
-    if mode == "deadserver" and rank == victim:  # the server's callbacks run only after it served: a timer
-        threading.Timer(15.0, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+    if mode in ("deadserver", "killserver") and rank == victim:  # a server's callbacks run after it served
+        sig = signal.SIGSTOP if mode == "deadserver" else signal.SIGKILL
+        threading.Timer(15.0, lambda: os.kill(os.getpid(), sig)).start()
     t0 = time.time()
     try:
         run(opt, 100000, extra=[Stopper()], slowdown="device:20")
