@@ -382,8 +382,8 @@ class PSCallback(keras.callbacks.Callback):
     Args:
         protocol: the :class:`PSProtocol`.
 
-    Raises:
-        ValueError: ``steps_per_execution`` > 1 (the exchange runs between every two steps).
+    ``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit`
+    (:attr:`PSProtocol.max_steps_per_execution` is 1: the exchange runs between every two steps).
     """
 
     def __init__(self, protocol):
@@ -391,11 +391,6 @@ class PSCallback(keras.callbacks.Callback):
         self.protocol = protocol
 
     def on_train_begin(self, logs=None):
-        spe = getattr(self.model, "steps_per_execution", 1)
-        spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
-        if spe != 1:
-            raise ValueError(f"{self.protocol.display_name} needs steps_per_execution=1 (the push and pull run "
-                             f"between steps), got {spe}")
         opt = self.model.optimizer
         if not opt.built and self.model.trainable_variables:
             opt.build(self.model.trainable_variables)

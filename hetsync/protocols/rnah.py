@@ -625,8 +625,8 @@ class RNAHCallback(keras.callbacks.Callback):
     Args:
         protocol: the :class:`HierarchicalRNAProtocol`.
 
-    Raises:
-        ValueError: ``steps_per_execution`` > 1 (the step times are measured per step).
+    ``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit` (the step times are
+    measured per step).
     """
 
     def __init__(self, protocol):
@@ -634,10 +634,6 @@ class RNAHCallback(keras.callbacks.Callback):
         self.protocol = protocol
 
     def on_train_begin(self, logs=None):
-        spe = getattr(self.model, "steps_per_execution", 1)
-        spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
-        if spe != 1:
-            raise ValueError(f"HierarchicalRNA needs steps_per_execution=1, got {spe}")
         p = self.protocol
         self._seen, self._times = 0, []
         self._measure = not p.serves and p.cfg.groups == "auto" and p.epoch == 0
