@@ -56,6 +56,13 @@ def test_faults_leave_the_seeded_draws_unchanged():
     assert faulty.expected_factor(0, 2) == plain.expected_factor(0, 2)
 
 
+def test_solo_speed_measurements_run_without_the_faults():
+    from hetsync.bench import efficiency
+
+    assert efficiency.solo_spec("device:25+pause:1:2:3+random:6+kill:0:1+stall:1:1:1") == "device:25+random:6"
+    assert efficiency.solo_spec("kill:0:1") == "none"
+
+
 def test_a_fault_fires_once_per_process(monkeypatch):
     monkeypatch.setattr(sd, "_fired", [])
     monkeypatch.setattr(sd, "_fired_keys", set())
