@@ -23,6 +23,7 @@ BOUND_S = 60.0
 CASES = ([(p, 1, "mpirun") for p in PROTOCOLS]  # a worker dies
          + [("bsp", 0, "mpirun"), ("rna", 0, "mpirun"), ("ssp", 0, "mpirun")]  # rank 0 (RNA's controller) dies
          + [("ssp", 2, "mpirun"), ("rnah", 2, "mpirun")]  # the parameter server dies (the fault's timer path)
+         + [("rna", 1, "horovodrun-mpi")]
          + [("bsp", 1, "horovodrun-gloo"), ("bsp", 0, "horovodrun-gloo"), ("localsgd", 1, "horovodrun-gloo")])
 
 
@@ -47,7 +48,7 @@ def test_a_killed_rank_ends_the_job_within_bounded_time_naming_the_rank(tmp_path
                       rf"\(unix time ([\d.]+)\)", text)
     assert fired, text[-4000:]
     assert proc.returncode != 0
-    if launcher == "mpirun":
+    if launcher in ("mpirun", "horovodrun-mpi"):
         assert re.search(rf"process rank {killed} with PID \d+ on node \S+ exited on signal 9", text), text[-4000:]
     else:  # horovodrun --gloo: the surviving rank's collective fails at once (its TCP peer is gone)
         assert re.search(rf"first process to do so was:\s+Process name: {killed}\s+Exit code: 137", text), text[-4000:]
