@@ -15,7 +15,7 @@ from hetsync import protocols
 from hetsync import slowdown as sd
 from hetsync.protocols import _checks
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- the scenario parser ---------------------------------------------------------------------------------------
 NAMES = ["random", "deterministic", "uniform", "speeds", "netdelay", "device", "pause", "stall", "kill", "none",
@@ -305,3 +305,21 @@ def test_shared_number_checks_raise_only_value_error(value, bounds):
             continue
         if check is _checks.check_number:
             assert type(out) is float and math.isfinite(out)
+
+
+@pytest.mark.parametrize("name, cfg_cls", CONFIGS, ids=[n for n, _ in CONFIGS])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_wrapper_arguments_wrap_or_raise_value_error_naming_them(name, cfg_cls, data):
+    import keras
+
+    import hetsync
+
+    hetsync.init()  # a single process: the wrapper's world-size checks run against 1 rank
+    kwargs = data.draw(config_kwargs(cfg_cls))
+    try:
+        opt = protocols.get_wrapper(name)(keras.optimizers.SGD(0.1), **kwargs)
+    except ValueError as exc:
+        assert _message_names(str(exc), cfg_cls, kwargs), (name, kwargs, str(exc))
+        return
+    _accepted_is_valid(opt.hetsync_protocol.cfg, typing.get_type_hints(cfg_cls))
