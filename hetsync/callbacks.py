@@ -120,7 +120,8 @@ class Slowdown(keras.callbacks.Callback):
 
     Raises:
         ValueError: bad spec, a spec that does not fit the world size, or ``rank`` outside
-            [0, world_size) (checked at construction, before training starts).
+            [0, world_size) (checked at construction, before training starts); a ``stall`` of a
+            parameter-server rank (at that rank's train begin).
     """
 
     def __init__(self, spec, seed=0, rank=None, world_size=None):

@@ -331,7 +331,9 @@ class Fault(Component):
             sys.stdout.flush()
             subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), repr(self.for_s)],
                              start_new_session=True, stdin=subprocess.DEVNULL, close_fds=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # SIGSTOP stops the whole process; sent to this very thread (not the process, whose signal the kernel
+            # may hand to another thread) it also stops the caller before it returns, so resumed_at_s is right
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         else:
             log.warning("%sthe training thread sleeps %g s", msg, self.for_s)
             time.sleep(self.for_s)

@@ -1,4 +1,5 @@
 """Fault injection in the scenario language (issue 15): pause, stall and kill parts, parsed and real runs."""
+import json
 import os
 
 import pytest
@@ -73,6 +74,37 @@ def test_a_fault_fires_once_per_process(monkeypatch):
     assert f.fired()
     assert f.fire(2.0) is None
     assert [r["fired_at_s"] for r in sd.fired_faults()] == [1.5]
+
+
+_PAUSE_SCRIPT = """
+import importlib.util, json, sys, threading, time
+spec = importlib.util.spec_from_file_location("sd", sys.argv[1])
+sd = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sd)
+fault = sd.Fault("pause", 0, 0.2, 1.0)
+t0 = time.monotonic()
+timer = threading.Timer(0.2, fault.fire, args=(0.2,))  # from another thread, as on a parameter server
+timer.start()
+last, gap = time.monotonic(), 0.0
+while time.monotonic() - t0 < 2.0:
+    time.sleep(0.005)
+    now = time.monotonic()
+    gap, last = max(gap, now - last), now
+timer.join()
+print(json.dumps({"main_thread_gap_s": gap, "faults": sd.fired_faults()}))
+"""
+
+
+def test_a_pause_stops_every_thread_of_the_process(tmp_path):
+    # the fault fires in a timer thread; the main thread, busy in its loop, must also stand still for FOR_S
+    script = tmp_path / "pause.py"
+    script.write_text(_PAUSE_SCRIPT)
+    proc = launch(1, [str(script), os.path.join(os.path.dirname(sd.__file__), "slowdown.py")], launcher="single",
+                  timeout=60)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["main_thread_gap_s"] >= 1.0
+    fault, = result["faults"]
+    assert fault["kind"] == "pause" and fault["resumed_at_s"] >= 0.2 + 1.0
 
 
 def _digits_run(tmp_path, spec, check=True):
