@@ -86,6 +86,9 @@ ALLOWLIST = {
                                                                        "a timeout)",
     # Freeing the dispatcher's communicator after its thread stopped: local, MPI_Comm_free does not wait for peers.
     ("hetsync/transport/p2p.py", "Dispatcher.shutdown", "self._comm.Free"): "MPI_Comm_free is local",
+    # horovod's initialisation duplicates the MPI world inside horovod (collective) and has no timeout; a rank
+    # that never gets there hangs the others until it exits (mpirun then ends the job). Known, not fixable here.
+    ("hetsync/runtime.py", "init", "hvd.init"): "horovod's own collective initialisation, no timeout available",
     # RNA-H's heartbeat sender: a periodic send loop, not a wait for anything; ends when stop() sets the
     # event, then stop() joins it with a 5 s timeout.
     ("hetsync/protocols/rnah.py", "HierarchicalRNAProtocol._heartbeat", "while"): "periodic sender ended by its "
@@ -186,6 +189,8 @@ def inventory():
                     kind, ok = "wait", _has_timeout(node, METHODS[attr][0])
                 elif is_method and attr == GET_BLOCKING and not node.args:
                     kind, ok = "queue get", _has_timeout(node, 1)
+                elif is_method and attr == "init" and receiver == "hvd":
+                    kind, ok = "horovod init", False  # collective, no timeout exists: allowlisted
                 elif is_method and attr in MPI_BLOCKING and ("comm" in receiver or "MPI" in receiver
                                                              or "message" in receiver or "request" in receiver):
                     kind, ok = "mpi", False  # no timeout exists: allowlist with the reason
@@ -219,7 +224,7 @@ def test_inventory_is_complete_and_allowlist_is_current():
     assert not stale, f"allowlist entries that match no timeout-less call any more (remove them): {stale}"
     kinds = {i["kind"].split(" (")[0] for i in INVENTORY}
     # the inventory really sees the package's waits (a broken matcher would pass vacuously)
-    assert {"compiled op", "dispatcher", "wait", "polling loop", "mpi", "subprocess"} <= kinds, kinds
+    assert {"compiled op", "dispatcher", "wait", "polling loop", "mpi", "subprocess", "horovod init"} <= kinds, kinds
     calls = {(i["file"], i["call"]) for i in INVENTORY}
     for expected in [("hetsync/protocols/hop.py", "ops.hop_token_take"),
                      ("hetsync/protocols/rna.py", "self._thread.join"),
