@@ -24,6 +24,20 @@ def test_draws_are_reproducible_and_fit_every_protocols_rank_needs():
     assert not two & {"asp", "shat", "shatroot", "ensemble", "ssp", "rnah"} and "bsp" in two
 
 
+def test_fault_draws_land_in_training_and_never_stall_a_server():
+    runs = soak.draw_runs(300, seed=5, ranks=(2, 3, 4), faults=["pause", "stall"])
+    faulted = [r for r in runs if "pause:" in r["scenario"] or "stall:" in r["scenario"]]
+    assert len(faulted) > 50 and any("stall:" in r["scenario"] for r in faulted)
+    for r in faulted:
+        device, fault = r["scenario"].split("+")
+        kind, rank, at_s, for_s = fault.split(":")
+        assert device == f"device:{soak.FAULT_DEVICE_MS}" and 0.5 <= float(at_s) <= 1.5 and 2 <= float(for_s) <= 5
+        servers = protocols.get_config_class(r["protocol"]).__dataclass_fields__.get("servers")
+        limit = r["np"] - (int(servers.default) if servers and kind == "stall" else 0)
+        assert 0 <= int(rank) < limit, r
+    assert not any("pause:" in r["scenario"] for r in soak.draw_runs(100, seed=5, faults=[]))
+
+
 @pytest.mark.parametrize("bad, match", [(dict(count=0), "runs must be an int >= 1, got 0"),
                                         (dict(ranks=(1, 2)), r"ranks must be ints >= 2.*\[1, 2\]"),
                                         (dict(protocols=["nope"]), "unknown protocol 'nope'"),

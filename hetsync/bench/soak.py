@@ -7,8 +7,8 @@ Each run is drawn from ``--seed`` (so a soak is reproducible): a protocol from t
 with room for their servers and at least two workers), a rank count from ``--ranks``, a straggler
 scenario (``none``, ``random:K``, ``deterministic:R:K``, ``uniform:A:B``, ``speeds:...``,
 ``device:MS+random:K``) or, when :mod:`hetsync.slowdown` knows them, a fault (``pause:RANK:AT_S:FOR_S``,
-``stall:RANK:AT_S:FOR_S``: 2-5 s, on a device-emulated run so that training lasts long enough for the
-fault to land), a seed and 1-2 epochs. Every run is a real ``mpirun`` launch of
+``stall:RANK:AT_S:FOR_S``: 0.5-1.5 s after the rank's train begin, for 2-5 s, on a device-emulated run
+so that training lasts long enough for the fault to land; a stall never hits a parameter server), a seed and 1-2 epochs. Every run is a real ``mpirun`` launch of
 ``examples/keras_digits.py`` on the ``digits`` data set, in its own process group, with a wall-clock
 limit: a run over it is a **hang** (the whole group is killed, SIGKILL); a non-zero exit status, or
 a run that wrote no ``summary.json``, is an **error**; **lost samples** compare the samples the worker
@@ -51,21 +51,22 @@ JOB = os.path.join("examples", "keras_digits.py")
 #: per-rank batch size of every run (samples).
 BATCH_SIZE = 16
 #: emulated device time per step (ms) of the runs that carry a fault, so that training lasts a few seconds.
-FAULT_DEVICE_MS = 60
+FAULT_DEVICE_MS = 100
 #: seconds granted to reap a killed run's process group.
 REAP_S = 30.0
 
 
-def _protocol_min_ranks(name):
-    """Smallest launch for protocol ``name``: its servers (config field ``servers``) plus two workers."""
+def _servers(name):
+    """Default number of parameter-server ranks of protocol ``name`` (its config field ``servers``; 0 if none)."""
     from hetsync import protocols
 
-    cfg = protocols.get_config_class(name)
-    servers = 0
-    for f in getattr(cfg, "__dataclass_fields__", {}).values():
-        if f.name == "servers":
-            servers = int(f.default)
-    return servers + 2
+    field = getattr(protocols.get_config_class(name), "__dataclass_fields__", {}).get("servers")
+    return 0 if field is None else int(field.default)
+
+
+def _protocol_min_ranks(name):
+    """Smallest launch for protocol ``name``: its servers plus two workers."""
+    return _servers(name) + 2
 
 
 def fault_kinds(world_size=2):
@@ -86,7 +87,7 @@ def fault_kinds(world_size=2):
     return kinds
 
 
-def _scenario(rng, n, faults):
+def _scenario(rng, n, faults, servers=0):
     kinds = ["none", "random", "deterministic", "uniform", "speeds", "device"] + list(faults) * 2
     kind = rng.choice(kinds)
     if kind == "random":
@@ -100,8 +101,10 @@ def _scenario(rng, n, faults):
     if kind == "device":
         return f"device:{rng.choice([20, 40])}+random:{rng.choice([2, 4])}"
     if kind in faults:
-        at, dur = rng.choice([1, 2, 3]), rng.choice([2, 3, 4, 5])
-        return f"device:{FAULT_DEVICE_MS}+{kind}:{rng.randrange(n)}:{at}:{dur}"
+        at, dur = rng.choice([0.5, 1, 1.5]), rng.choice([2, 3, 4, 5])
+        # a stall sleeps the training thread: a parameter server (the last ranks) has none to stall
+        rank = rng.randrange(n - servers if kind == "stall" else n)
+        return f"device:{FAULT_DEVICE_MS}+{kind}:{rank}:{at:g}:{dur}"
     return "none"
 
 
@@ -139,7 +142,7 @@ def draw_runs(count, seed, ranks=(2, 3, 4), protocols=None, faults=None, epochs=
     for i in range(count):
         p = rng.choice(names)
         n = rng.choice(fits[p])
-        runs.append({"index": i, "protocol": p, "np": n, "scenario": _scenario(rng, n, faults),
+        runs.append({"index": i, "protocol": p, "np": n, "scenario": _scenario(rng, n, faults, _servers(p)),
                      "seed": rng.randrange(1000), "epochs": rng.choice(list(epochs))})
     return runs
 
@@ -239,7 +242,8 @@ def lost_samples(out):
     Returns:
         dict: ``trained`` (list, per epoch, samples summed over worker ranks), ``expected`` (list, per
         epoch), ``lost`` and ``extra`` (ints, summed over epochs), ``basis`` (str, where the expectation
-        came from).
+        came from), ``faults_fired`` (int, the faults the run's summary reports as fired; None if it
+        reports none).
 
     Raises:
         OSError / ValueError / KeyError: missing or malformed outputs.
@@ -271,10 +275,13 @@ def lost_samples(out):
         share = _n_train(s.get("dataset", "digits"), int(s.get("seed", 0))) // len(workers)
         per_epoch = len(workers) * (share // b) * b
         basis = f"fixed share: {len(workers)} workers x floor({share}/{b})*{b}"
+    faults = s.get("faults")
+    fired = len(faults) if isinstance(faults, list) else None
     expected = [per_epoch] * epochs
     lost = sum(max(0, e - t) for e, t in zip(expected, trained))
     extra = sum(max(0, t - e) for e, t in zip(expected, trained))
-    return {"trained": trained, "expected": expected, "lost": lost, "extra": extra, "basis": basis}
+    return {"trained": trained, "expected": expected, "lost": lost, "extra": extra, "basis": basis,
+            "faults_fired": fired}
 
 
 def run_soak(runs, out_dir, timeout_s, log=print):
@@ -305,11 +312,13 @@ def run_soak(runs, out_dir, timeout_s, log=print):
 
 def table(results):
     """The per-run table and the totals line (str)."""
+    def dash(v):
+        return "-" if v is None else v
+
     rows = [[r["index"], r["protocol"], r["np"], r["scenario"], r["seed"], r["epochs"], r["status"], r["wall_s"],
-             "-" if r.get("lost") is None else r["lost"], "-" if r.get("extra") is None else r["extra"]]
-            for r in results]
+             dash(r.get("lost")), dash(r.get("extra")), dash(r.get("faults_fired"))] for r in results]
     text = tabulate(rows, headers=["#", "protocol", "ranks", "scenario", "seed", "epochs", "status", "wall s", "lost",
-                                   "extra"])
+                                   "extra", "faults fired"])
     return text + "\n\n" + totals_line(results)
 
 
