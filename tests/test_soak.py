@@ -106,7 +106,9 @@ def test_a_run_over_its_limit_is_a_hang_and_its_process_group_is_killed(tmp_path
 
 def test_a_small_soak_sample_has_no_hang_error_or_lost_sample(tmp_path, capsys):
     out = tmp_path / "soak"
-    code = soak.main(["--runs", "3", "--seed", "1", "--ranks", "2,3", "--epochs", "1", "--out", str(out),
+    # seed 9 draws RNA (speeds:1,1,0.5), hierarchical RNA with a 4 s stall of worker 0 and ENSEMBLE
+    # with worker 0 paused (SIGSTOP) for 3 s, all on 3 ranks
+    code = soak.main(["--runs", "3", "--seed", "9", "--ranks", "2,3", "--epochs", "1", "--out", str(out),
                       "--timeout-s", "300"])
     printed = capsys.readouterr().out
     with open(out / "results.jsonl") as f:
@@ -114,5 +116,7 @@ def test_a_small_soak_sample_has_no_hang_error_or_lost_sample(tmp_path, capsys):
     assert len(results) == 3, printed
     assert [r["status"] for r in results] == ["ok"] * 3, printed
     assert all(r["lost"] == 0 and r["extra"] == 0 and r["trained"] == r["expected"] for r in results), printed
+    assert [r["protocol"] for r in results] == ["rna", "rnah", "ensemble"], printed
+    assert [r["faults_fired"] for r in results] == [0, 1, 1], printed  # the stall and the pause did land
     assert code == 0
     assert "3 runs: 0 hangs, 0 errors, 0 lost samples" in printed
