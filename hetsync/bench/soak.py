@@ -42,7 +42,8 @@ import time
 
 from tabulate import tabulate
 
-__all__ = ["draw_runs", "launch_run", "lost_samples", "fault_kinds", "main", "JOB", "ROOT", "BATCH_SIZE"]
+__all__ = ["draw_runs", "command", "launch_run", "lost_samples", "fault_kinds", "run_soak", "table", "totals",
+           "totals_line", "main", "JOB", "ROOT", "BATCH_SIZE", "FAULT_DEVICE_MS", "REAP_S", "OWN_PLAN"]
 
 #: repository root (the folder holding ``examples/``).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -285,7 +286,17 @@ def lost_samples(out):
 
 
 def run_soak(runs, out_dir, timeout_s, log=print):
-    """Launch every run of ``runs`` in turn; return their result dicts (also appended to results.jsonl)."""
+    """Launch every run of ``runs`` in turn, each in ``out_dir/runs/NNN``.
+
+    Args:
+        runs: list of dicts from :func:`draw_runs`. out_dir: str folder (created).
+        timeout_s: float seconds > 0, each run's wall-clock limit. log: callable(str), one line per run.
+
+    Returns:
+        list of dicts, one per run: the drawn fields, :func:`launch_run`'s and :func:`lost_samples`'
+        fields, and ``status`` ("ok", "hang", "error" or "lost"). Each is also written to
+        ``out_dir/results.jsonl`` as soon as its run ends.
+    """
     os.makedirs(out_dir, exist_ok=True)
     results = []
     with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
@@ -311,7 +322,8 @@ def run_soak(runs, out_dir, timeout_s, log=print):
 
 
 def table(results):
-    """The per-run table and the totals line (str)."""
+    """The per-run table (tabulate: protocol, ranks, scenario, seed, epochs, status, wall s, lost, extra,
+    faults fired) followed by :func:`totals_line` (str), for ``results`` from :func:`run_soak`."""
     def dash(v):
         return "-" if v is None else v
 
@@ -323,7 +335,8 @@ def table(results):
 
 
 def totals(results):
-    """``{"runs", "hangs", "errors", "lost_runs", "lost_samples", "extra_samples"}`` (ints)."""
+    """Count ``results`` (from :func:`run_soak`): ``{"runs", "hangs", "errors", "lost_runs", "lost_samples",
+    "extra_samples"}`` (ints; samples summed over runs)."""
     return {"runs": len(results), "hangs": sum(r["status"] == "hang" for r in results),
             "errors": sum(r["status"] == "error" for r in results),
             "lost_runs": sum(r["status"] == "lost" for r in results),
@@ -332,6 +345,7 @@ def totals(results):
 
 
 def totals_line(results):
+    """One line of totals (str): runs, hangs, errors, lost samples (and the runs losing them), extra samples."""
     t = totals(results)
     return (f"{t['runs']} runs: {t['hangs']} hangs, {t['errors']} errors, {t['lost_samples']} lost samples "
             f"(in {t['lost_runs']} runs), {t['extra_samples']} samples beyond the plan")
