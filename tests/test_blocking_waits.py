@@ -101,6 +101,12 @@ def _qualname(stack):
 
 
 def _has_timeout(call, index):
+    name = _callee(call)[0]
+    at = 1 if name == "put" else 0  # position of blocking/block
+    nonblocking = [k.value for k in call.keywords if k.arg in ("blocking", "block")] + call.args[at:at + 1]
+    if name in ("acquire", "get", "put") and any(
+            isinstance(v, ast.Constant) and v.value is False for v in nonblocking):
+        return True  # lock.acquire(False), queue.get(block=False): never waits
     if any(k.arg in TIMEOUT_KW for k in call.keywords if k.arg):
         return True
     if any(k.arg is None for k in call.keywords):  # **kwargs: cannot tell, counted as passing it
@@ -255,6 +261,7 @@ def f(t, ev, q, p2p, fut, lock):
     p2p.recv("ch", source=1)
     fut.result()
     lock.acquire()
+    lock.acquire(blocking=False)
     ", ".join(["a"])
     t.join(5.0)
     p2p.recv("ch", timeout_s=3)
@@ -262,7 +269,7 @@ def f(t, ev, q, p2p, fut, lock):
         time.sleep(0.1)
 """
     assert _fake_module(src) == [("t.join", False), ("ev.wait", False), ("p2p.recv", False), ("fut.result", False),
-                                 ("lock.acquire", False), ("t.join", True), ("p2p.recv", True), ("while", False)]
+                                 ("lock.acquire", False), ("lock.acquire", True), ("t.join", True), ("p2p.recv", True), ("while", False)]
 
 
 def test_horovod_collectives_are_bounded_by_the_stall_shutdown():
