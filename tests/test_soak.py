@@ -120,3 +120,5 @@ def test_a_small_soak_sample_has_no_hang_error_or_lost_sample(tmp_path, capsys):
     assert [r["faults_fired"] for r in results] == [0, 1, 1], printed  # the stall and the pause did land
     assert code == 0
     assert "3 runs: 0 hangs, 0 errors, 0 lost samples" in printed
+    totals = json.loads((out / "summary.json").read_text())["totals"]
+    assert (totals["runs"], totals["hangs"], totals["errors"], totals["lost_samples"]) == (3, 0, 0, 0)

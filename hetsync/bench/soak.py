@@ -24,7 +24,7 @@ x samples per step) against what the run's data plan promises:
 
 Lost = sum over epochs of max(0, expected - trained); samples trained beyond the plan are reported
 as ``extra`` (repeated samples). Output in ``--out``: ``results.jsonl`` (one JSON object per run,
-written as runs finish), ``runs/NNN/`` (each run's SyncMetrics output and ``launch.log``) and the
+written as runs finish), ``summary.json`` (the command, the totals, the soak's wall time), ``runs/NNN/`` (each run's SyncMetrics output and ``launch.log``) and the
 table on stdout. Exit status 1 if any run hung, failed or lost samples, else 0.
 
 The machine's cores are shared: give ``--timeout-s`` room (a 4-rank run of two epochs takes 20-60 s
@@ -383,9 +383,14 @@ def main(argv=None):
         print(tabulate([[r["index"], r["protocol"], r["np"], r["scenario"], r["seed"], r["epochs"]] for r in runs],
                        headers=["#", "protocol", "ranks", "scenario", "seed", "epochs"]))
         return 0
+    t0 = time.monotonic()
     results = run_soak(runs, args.out, args.timeout_s)
     print(table(results))
     t = totals(results)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"command": " ".join(shlex.quote(a) for a in ["python", "-m", "hetsync.bench.soak"] + list(
+            sys.argv[1:] if argv is None else argv)), "timeout_s": args.timeout_s, "totals": t,
+            "wall_s": round(time.monotonic() - t0, 1)}, f, indent=2)
     return 1 if t["hangs"] or t["errors"] or t["lost_runs"] else 0
 
 
