@@ -318,7 +318,7 @@ class Fault(Component):
             _fired.append(record)
         msg = f"hetsync: fault {self.spec}: rank {self.rank} (pid {os.getpid()}) at {elapsed_s:.2f} s: "
         if self.kind == "kill":
-            sys.stderr.write(msg + "SIGKILL to itself\n")
+            sys.stderr.write(f"{msg}SIGKILL to itself (unix time {time.time():.3f})\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60.0)  # not reached: SIGKILL cannot be caught
@@ -404,7 +404,10 @@ def _parse_one(part):
         inner, _, ranks = part.rpartition("@")
         if not inner.strip():
             raise ValueError(f"slowdown spec {part!r}: nothing before '@'; {_USAGE}")
-        component = _parse_one(inner.strip())
+        try:
+            component = _parse_one(inner.strip())
+        except ValueError as exc:
+            raise ValueError(f"in slowdown spec part {part!r}: {exc}") from None
         if isinstance(component, Fault):
             raise ValueError(f"slowdown spec {part!r}: a fault names its rank itself ({component.kind}:RANK:...); "
                              f"'@RANKS' is not allowed on faults (give one fault part per rank)")

@@ -102,3 +102,24 @@ def test_kill_ends_the_job_with_a_non_zero_status(tmp_path):
     assert "fault kill:1:2: rank 1" in output
     assert "process rank 1" in output and "signal 9" in output
     assert not os.path.exists(os.path.join(out, "summary.json"))
+
+
+def test_a_paused_parameter_server_resumes_and_the_run_completes(tmp_path):
+    # a server rank serves inside its train begin, so its pause is armed on a timer (hetsync.callbacks.Slowdown)
+    out = str(tmp_path / "out")
+    launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--epochs", "4", "--quiet",
+               "--slowdown", "device:25+pause:2:1:2", "--out", out], timeout=240)
+    summary = read_json(os.path.join(out, "summary.json"))
+    fault, = summary["faults"]
+    assert (fault["kind"], fault["rank"], fault["at_s"], fault["for_s"]) == ("pause", 2, 1.0, 2.0)
+    assert fault["resumed_at_s"] >= 3.0
+    assert [r["role"] for r in summary["per_rank"]] == ["worker", "worker", "server"]
+    assert [len(r["faults"]) for r in summary["per_rank"]] == [0, 0, 1]
+    assert [r["steps"] for r in summary["per_rank"]] == [4 * 22, 4 * 22, 0]
+
+
+def test_a_stall_of_a_parameter_server_is_refused(tmp_path):
+    proc = launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--epochs", "1", "--quiet",
+                      "--slowdown", "stall:2:1:2", "--out", str(tmp_path / "out")], timeout=240, check=False)
+    assert proc.returncode != 0
+    assert "['stall:2:1:2'] stall rank 2, a parameter server" in proc.stdout + proc.stderr
