@@ -28,6 +28,9 @@ from .. import slowdown as _slowdown
 __all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec",
            "analytic_solo", "bsp_expected_efficiency_emulated", "measure_solo", "SoloError", "read_jsonl"]
 
+#: seconds granted to a killed solo process to exit and hand back its output.
+REAP_S = 30.0
+
 
 class SoloError(RuntimeError):
     """A solo-speed measurement failed (the message carries the command and its output)."""
@@ -371,7 +374,7 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
             out, _ = p.communicate(timeout=max(1.0, timeout_s - (time.time() - t0)))
         except subprocess.TimeoutExpired:
             p.kill()
-            out, _ = p.communicate()
+            out, _ = p.communicate(timeout=REAP_S)
             failures.append(f"{' '.join(cmd)} timed out after {timeout_s} s\n{out[-3000:]}")
             continue
         if p.returncode != 0:

@@ -38,7 +38,7 @@ import time
 from .. import runtime
 
 __all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
-           "DEFAULT_TIMEOUT_S", "MPI_TAG", "COUNTERS"]
+           "DEFAULT_TIMEOUT_S", "CREATE_TIMEOUT_S", "MPI_TAG", "COUNTERS"]
 
 log = logging.getLogger("hetsync")
 
@@ -48,6 +48,9 @@ MPI_TAG = 4853
 POLL_S = 0.0005
 #: default timeout in seconds of :meth:`Dispatcher.recv`, :meth:`Dispatcher.flush` and :meth:`Dispatcher.drain`.
 DEFAULT_TIMEOUT_S = 60.0
+#: seconds the first :func:`dispatcher` call waits for every rank to make it (the collective communicator
+#: duplication) before :class:`TransportTimeout`; every rank makes it at a protocol's start.
+CREATE_TIMEOUT_S = 120.0
 #: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the
 #: thread, returned by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends that
 #: had not completed when ``shutdown`` gave up on them.
@@ -524,31 +527,62 @@ class Dispatcher:
 
 
 _lock = threading.Lock()
-_state = {"dispatcher": None, "atexit": False}
+_state = {"dispatcher": None, "atexit": False, "pending": None}
 
 
-def dispatcher():
+def dispatcher(timeout_s=None):
     """Return this process's :class:`Dispatcher`, creating it (and its thread) at the first call.
 
     The first call duplicates ``MPI.COMM_WORLD`` and is therefore collective: every rank must make
-    it (protocols call it on every rank in ``start`` or ``fit_data``). Works under a world of one
-    rank (messages to oneself).
+    it (protocols call it on every rank in ``start`` or ``fit_data``). The duplication is a
+    non-blocking ``MPI_Comm_idup`` polled every :data:`POLL_S` x 10 seconds, so a rank that never
+    makes the call (dead, stalled, or on another code path) fails the others with a clear error
+    instead of a silent hang (issue 15); a call that timed out leaves its duplication pending and
+    the next call waits for that same one. Works under a world of one rank (messages to oneself).
+
+    Args:
+        timeout_s: float seconds > 0 the first call waits for every rank (default
+            :data:`CREATE_TIMEOUT_S`); ignored once the dispatcher exists.
 
     Raises:
         RuntimeError: hetsync is not initialised, or the job runs on Gloo (no MPI point-to-point).
+        TransportTimeout: not every rank made its first call within ``timeout_s`` (names this rank
+            and the world size).
+        ValueError: a bad ``timeout_s``.
     """
+    timeout_s = CREATE_TIMEOUT_S if timeout_s is None else timeout_s
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"dispatcher: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     with _lock:
         d = _state["dispatcher"]
         if d is None:
             runtime.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
-            from mpi4py import MPI
-
-            d = Dispatcher(MPI.COMM_WORLD.Dup())
+            d = Dispatcher(_duplicate_world(timeout_s))
+            _state["pending"] = None
             _state["dispatcher"] = d
             if not _state["atexit"]:
                 atexit.register(_shutdown_at_exit)
                 _state["atexit"] = True
         return d
+
+
+def _duplicate_world(timeout_s):
+    """``MPI.COMM_WORLD`` duplicated collectively (``Idup``), waiting at most ``timeout_s`` seconds."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if _state.get("pending") is None:  # a call that timed out left its duplication pending: wait for that one
+        _state["pending"] = world.Idup()
+    comm, request = _state["pending"]
+    deadline = time.monotonic() + timeout_s
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TransportTimeout(
+                f"rank {world.Get_rank()}: timed out after {timeout_s:g} s creating the point-to-point dispatcher "
+                f"(a collective duplication of the world of {world.Get_size()} ranks): some rank did not call "
+                "hetsync.transport.dispatcher() (dead, stalled or on another code path)")
+        time.sleep(POLL_S * 10)
+    return comm
 
 
 def shutdown(timeout_s=5.0):
