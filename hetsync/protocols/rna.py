@@ -338,12 +338,20 @@ class RNAProtocol(Protocol):
         """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
         x = self.snapshot()
         active = 1.0 if self.done_steps is None else 0.0
+        finite = bool(np.isfinite(x).all())
+        raw = x
+        if not finite:  # issue 15: never sent; this rank joins the round as inactive, then fails
+            x, active = np.zeros_like(x), 0.0
         s = transport.allreduce_sum([tf.constant(np.append(x * active, active).astype(np.float32))],
                                     name="hetsync_rna_params")[0].numpy()
+        if s[-1] > 0:
+            mean = s[:-1] / s[-1]
+            drift = self.parameter_drift(x, mean, name="hetsync_rna_drift", active=bool(active))
+        if not finite:
+            self.check_finite_arrays([raw], "parameters (communication thread's snapshot)",
+                                     int(self._iteration.numpy()))
         if s[-1] <= 0:
             return
-        mean = s[:-1] / s[-1]
-        drift = self.parameter_drift(x, mean, name="hetsync_rna_drift", active=bool(active))
         self._local["drift"].append((round_id, drift))
         self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean)), 1e-12))
         self._set_stat("rna_drift", drift)
