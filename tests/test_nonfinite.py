@@ -151,3 +151,24 @@ def test_nonfinite_flags_and_the_message():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"non-finite values on rank\(s\) \[0\] at step 0 "
                                                              r"\(protocol BSP\), reported in a test"):
         proto.check_nonfinite_flags(tf.constant([1.0]), "a test")
+
+
+def test_a_nonfinite_loss_with_finite_gradients_stops_after_its_step():
+    poison = tf.Variable(0.0, trainable=False)
+
+    def loss(y, p):  # the poison changes the loss, not the gradients
+        return keras.losses.sparse_categorical_crossentropy(y, p) + tf.stop_gradient(poison)
+
+    class Poison(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            poison.assign(np.inf if batch == BAD_STEP else 0.0)
+
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=opt, loss=loss)
+    x, y = _data(bad_step=None)
+    with pytest.raises(NonFiniteError, match=rf"non-finite loss inf on rank 0 at step {BAD_STEP} \(protocol BSP\)"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[Poison()] + hetsync.callbacks.standard(opt))
+    assert opt.hetsync_protocol.step_stats()["nonfinite_dropped"] == 0.0  # the gradients were finite

@@ -52,3 +52,14 @@ def test_batchnorm_statistics_end_equal_on_every_rank(protocol, tmp_path):
         np.testing.assert_allclose(w0[k], w1[k], rtol=0, atol=1e-6, err_msg=f"{protocol}: weight {k}")
     # the moving statistics were trained (not left at their initial 0 and 1)
     assert np.abs(w0[names[4]]).max() > 1e-3 and np.abs(w0[names[5]] - 1).max() > 1e-3
+
+
+def test_diverging_rna_run_of_the_example_exits_non_zero_without_a_summary(tmp_path):
+    """The user's report: RNA with a far too large learning rate and momentum 0.9 diverged to NaN and
+    still ended with status 0 and a summary. Now the job stops at the first non-finite gradient."""
+    proc = launch(2, ["examples/keras_digits.py", "--protocol", "rna", "--lr", "1e37", "--momentum", "0.9",
+                      "--epochs", "3", "--quiet", "--out", str(tmp_path)], timeout=240, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert not (tmp_path / "summary.json").exists()
+    assert "hetsync non-finite stop: non-finite gradient on rank" in output and "(protocol RNA)" in output
