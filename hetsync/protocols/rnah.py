@@ -123,6 +123,8 @@ class HierarchicalRNAProtocol(RNAProtocol):
     """Hierarchical RNA (see :func:`HierarchicalRNA`): flat RNA inside groups, a server between groups."""
 
     name = "rnah"
+    #: the group and server averages move the trainable parameters only (flat vectors over them).
+    average_state_in_rounds = False
     display_name = "HierarchicalRNA"
     Config = HierarchicalRNAConfig
     # the warm-up timing, the regrouping and the server exchange run between steps (on_train_batch_end)
