@@ -14,7 +14,12 @@ Shared mechanisms (here, not in a sibling protocol):
   SGD, FedAvg's masked average), end-of-training averaging (:meth:`Protocol.average_at_train_end`,
   run by :meth:`Protocol.stop` for every protocol whose config has ``average_at_end=True``) and
   the drift measure (:meth:`Protocol.parameter_drift`; RNA, end-of-training);
-* the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`).
+* the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`);
+* the non-finite guard (issue 15): every step's gradients are checked before anything leaves the
+  rank (:meth:`Protocol._guard_gradients`, per-rank flags in the collectives with
+  :meth:`Protocol.nonfinite_flags` / :meth:`Protocol.check_nonfinite_flags`, eager senders with
+  :meth:`Protocol.check_finite_arrays`), and the model's non-trainable float state is averaged with
+  the parameters (:meth:`Protocol.set_state_variables`).
 """
 import dataclasses
 
@@ -38,6 +43,13 @@ class NonFiniteError(FloatingPointError):
     the compiled step is TensorFlow's ``InvalidArgumentError`` with the same message, starting with
     :data:`NONFINITE_MARK` and naming the rank(s), the step and the protocol.
     """
+
+
+def _loss_scaling(optimizer):
+    """True if ``optimizer`` is a Keras ``LossScaleOptimizer`` (dynamic loss scaling)."""
+    import keras
+
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 def all_finite(tensors):
@@ -284,6 +296,9 @@ class Protocol:
                 state.append(v)
         self.state_variables = state
         return state
+
+    # the compiled step's non-finite flag and step index while a step is being traced (else None)
+    _step_bad = _step_it = None
 
     #: the model's non-trainable float variables (e.g. BatchNormalization statistics), set at train
     #: begin by :meth:`set_state_variables`; averaged with the parameters.
@@ -762,7 +777,7 @@ class Protocol:
         grads = self._guard_gradients(grads)
         try:
             result = self.apply(grads, variables, local_apply)
-            if self.nonfinite_in_collective:
+            if self.nonfinite_in_collective and self._step_bad is not None:
                 # a step whose collective did not carry the flag still stops on the bad rank
                 with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
                     tf.debugging.Assert(tf.logical_not(self._step_bad), [self._nonfinite_message()])
@@ -779,7 +794,9 @@ class Protocol:
     def _guard_gradients(self, grads):
         """The non-finite guard of the compiled step (issue 15), before :meth:`apply` sends anything.
 
-        Checks every present gradient (one reduce per tensor). If any element is NaN or inf, the
+        Not under dynamic loss scaling (the wrapped optimizer is a ``keras.optimizers.LossScaleOptimizer``):
+        there an overflowing step is expected, skipped and the scale halved, so the gradients go on
+        unchecked. Otherwise it checks every present gradient (one reduce per tensor). If any element is NaN or inf, the
         step's gradients are held back and counted (``nonfinite_dropped`` += 1), then:
 
         * protocols with :attr:`nonfinite_in_collective`: the gradients are replaced by zeros, the
@@ -797,7 +814,11 @@ class Protocol:
             tf.errors.InvalidArgumentError: a non-finite gradient (the message starts with
                 :data:`NONFINITE_MARK` and names the rank, the step and the protocol).
         """
-        self._step_it = None
+        self._step_bad = self._step_it = None
+        if _loss_scaling(self.optimizer):
+            # dynamic loss scaling expects overflowing steps: LossScaleOptimizer skips them and halves
+            # its scale (under BSP on every rank alike, the average carries the inf); no guard then
+            return grads
         self._step_it = tf.identity(self._step_index())
         bad = tf.logical_not(all_finite(grads))
         counted = self._stats["nonfinite_dropped"].assign_add(tf.cast(bad, tf.float64))
