@@ -51,6 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size (samples)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum, in [0, 1)")
     p.add_argument("--target-accuracy", type=float, default=0.9, help="test accuracy for time_to_target_s")
     p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (default: per epoch)")
     p.add_argument("--slowdown", default="none", help="straggler scenario spec, e.g. random:6, speeds:1,1,1,0.5; "
@@ -76,6 +77,8 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.lr <= 0:
         p.error(f"--lr must be positive, got {args.lr}")
+    if not 0 <= args.momentum < 1:
+        p.error(f"--momentum must be in [0, 1), got {args.momentum}")
     if not 0 < args.target_accuracy <= 1:
         p.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.dataset == "mnist-idx" and not args.data_dir:
@@ -106,7 +109,7 @@ def main(argv=None):
                                                     seed=args.seed)
 
     model = build_model(args.model, ds.input_shape, ds.num_classes, args.seed)
-    opt = hetsync.protocols.get_wrapper(args.protocol)(keras.optimizers.SGD(args.lr), **proto_kwargs)  # hetsync
+    opt = hetsync.protocols.get_wrapper(args.protocol)(keras.optimizers.SGD(args.lr, momentum=args.momentum), **proto_kwargs)  # hetsync
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     accuracy = hetsync.callbacks.TestAccuracy(ds.x_test, ds.y_test, target=args.target_accuracy,

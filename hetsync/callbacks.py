@@ -67,6 +67,10 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
 class ProtocolHooks(keras.callbacks.Callback):
     """Start and stop a protocol's communication thread around ``model.fit``.
 
+    Also stops training on a non-finite loss (issue 15): after a step whose ``loss`` log is NaN or
+    inf it raises :class:`hetsync.protocols.base.NonFiniteError` naming the rank and the step (the
+    loss of a step is Keras' running mean, so a non-finite one stays non-finite for the epoch).
+
     Args:
         optimizer: an optimizer wrapped by a hetsync protocol.
 
@@ -81,6 +85,16 @@ class ProtocolHooks(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.protocol.check_fit(self.model)
         self.protocol.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        """Stop on a non-finite loss (issue 15; a non-finite gradient already stopped the step)."""
+        loss = (logs or {}).get("loss")
+        if loss is not None and not np.isfinite(float(loss)):
+            from .protocols.base import NONFINITE_MARK, NonFiniteError
+
+            raise NonFiniteError(f"{NONFINITE_MARK}: non-finite loss {float(loss)} on rank {runtime.rank()} at step "
+                                 f"{int(self.protocol.optimizer.iterations.numpy()) - 1} (protocol "
+                                 f"{self.protocol.display_name}), training stops")
 
     def on_train_end(self, logs=None):
         self.protocol.stop()

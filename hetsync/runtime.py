@@ -78,6 +78,8 @@ def init(collective_timeout_s=None):
                 raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
                                    "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
             hvd.init(comm=world)
+            # a rank stopped by a non-finite value ends the job (exit status non-zero), issue 15
+            mpi_world.abort_job_on("hetsync non-finite stop")
         else:
             hvd.init()
         _state["mode"] = mode

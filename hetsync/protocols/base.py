@@ -14,7 +14,12 @@ Shared mechanisms (here, not in a sibling protocol):
   SGD, FedAvg's masked average), end-of-training averaging (:meth:`Protocol.average_at_train_end`,
   run by :meth:`Protocol.stop` for every protocol whose config has ``average_at_end=True``) and
   the drift measure (:meth:`Protocol.parameter_drift`; RNA, end-of-training);
-* the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`).
+* the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`);
+* the non-finite guard (issue 15): every step's gradients are checked before anything leaves the
+  rank (:meth:`Protocol._guard_gradients`, per-rank flags in the collectives with
+  :meth:`Protocol.nonfinite_flags` / :meth:`Protocol.check_nonfinite_flags`, eager senders with
+  :meth:`Protocol.check_finite_arrays`), and the model's non-trainable float state is averaged with
+  the parameters (:meth:`Protocol.set_state_variables`).
 """
 import dataclasses
 
@@ -23,7 +28,39 @@ import tensorflow as tf
 
 from .. import ops, runtime, slowdown, transport
 
-__all__ = ["Protocol", "present_gradients", "scatter_gradients", "payload_bytes"]
+__all__ = ["Protocol", "NonFiniteError", "present_gradients", "scatter_gradients", "payload_bytes",
+           "NONFINITE_MARK"]
+
+#: the text every non-finite stop's message starts with (in-graph: inside TensorFlow's
+#: ``InvalidArgumentError`` message; eager: :class:`NonFiniteError`).
+NONFINITE_MARK = "hetsync non-finite stop"
+
+
+class NonFiniteError(FloatingPointError):
+    """A non-finite value (NaN or inf) stopped training before it left this rank (issue 15).
+
+    Raised eagerly (between steps, at train end, by a communication thread); the same stop inside
+    the compiled step is TensorFlow's ``InvalidArgumentError`` with the same message, starting with
+    :data:`NONFINITE_MARK` and naming the rank(s), the step and the protocol.
+    """
+
+
+def _loss_scaling(optimizer):
+    """True if ``optimizer`` is a Keras ``LossScaleOptimizer`` (dynamic loss scaling)."""
+    import keras
+
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def all_finite(tensors):
+    """Return a bool scalar tensor: every element of every tensor in ``tensors`` is finite.
+
+    Args:
+        tensors: list of float tensors or ``tf.IndexedSlices`` (their values are checked); may be empty (True).
+    """
+    checks = [tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
+              for t in tensors if t is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 def present_gradients(grads):
@@ -80,6 +117,18 @@ class Protocol:
       milliseconds (K x MS x samples / b + extra); 0 otherwise;
     * ``overrun``: 1 if the step's real compute exceeded its emulated duration (the step was not
       shortened, so the emulation is off for it), else 0; ``overruns``: their cumulative count.
+    * ``nonfinite_dropped``: cumulative number of non-finite gradient sets or parameter sets this
+      rank held back instead of sending (each one then stops training, see :meth:`_guard_gradients`).
+
+    Non-finite guard (issue 15): every step checks its gradients before anything leaves the rank.
+    A non-finite gradient (NaN or inf, also from a non-finite loss) is never sent: it is counted
+    in ``nonfinite_dropped`` and training stops with an error naming the rank, the step
+    (the optimizer's ``iterations`` before the step) and the protocol. Protocols with
+    :attr:`nonfinite_in_collective` fold a per-rank flag into their own collective, so every rank
+    stops in the same synchronization naming the source rank(s); the others stop on the failing
+    rank (its process exits non-zero and ``mpirun`` ends the job). Parameters are checked the same
+    way before every parameter average (:meth:`average_parameters`, :meth:`average_at_train_end`)
+    and, by the point-to-point protocols, before they are sent (:meth:`check_finite_arrays`).
 
     Args:
         config: an instance of :attr:`Config` (or None: build it from ``kwargs``, all defaults
@@ -142,7 +191,8 @@ class Protocol:
             self.role_error = ValueError(f"{self.display_name}: {exc}")
             runtime.set_servers(0)
         self.optimizer = optimizer
-        for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs", "emulated_ms", "overrun", "overruns"):
+        for stat in ("delay_ms", "compute_ms", "sync_wait_ms", "syncs", "emulated_ms", "overrun", "overruns",
+                     "nonfinite_dropped"):
             self.add_stat(stat)
         self.build()
 
@@ -188,6 +238,12 @@ class Protocol:
     #: once per call; a protocol whose callback feeds every step (task allocation's m_i) needs 1.
     max_steps_per_execution = None
 
+    #: True for protocols whose every step runs one collective that carries the non-finite flags
+    #: of :meth:`nonfinite_flags` (BSP, SelSync, task allocation): a bad rank then sends zeros in
+    #: place of its gradients and every rank stops after that collective. False: the bad rank stops
+    #: before its step does anything (nothing enters a cache, a queue or a message).
+    nonfinite_in_collective = False
+
     def check_fit(self, model):
         """Check the model's training set-up against the protocol at train begin (before any step).
 
@@ -209,12 +265,44 @@ class Protocol:
                 f"hetsync-wrapped {type(self.optimizer).__name__}; wrap the other way round, "
                 f"hetsync.{self.display_name}(keras.optimizers.LossScaleOptimizer(base_optimizer)) (Keras adds a "
                 "LossScaleOptimizer itself under the mixed_float16 policy unless the optimizer already is one)")
+        self.set_state_variables(model)
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
         if self.max_steps_per_execution is not None and spe > self.max_steps_per_execution:
             raise ValueError(
                 f"{self.display_name}: model.compile(steps_per_execution={spe}) is not supported; this protocol "
                 f"allows steps_per_execution <= {self.max_steps_per_execution} (its callback sets every step's "
                 "workload); compile with steps_per_execution=1")
+
+    def set_state_variables(self, model):
+        """Record the model's non-trainable floating-point variables (:attr:`state_variables`).
+
+        These are the layers' state that no gradient updates, e.g. BatchNormalization's moving mean
+        and variance; :meth:`average_parameters` and :meth:`average_at_train_end` average them with
+        the trainable parameters, so every rank ends with the same full model (issue 15). Integer or
+        boolean non-trainable variables (counters, seed-generator states) are not averaged: an
+        average of them means nothing, and they are left as each rank has them. Called by
+        :meth:`check_fit` at train begin (so by :class:`hetsync.callbacks.ProtocolHooks`).
+
+        Args:
+            model: a ``keras.Model`` (its ``non_trainable_variables`` are read; the optimizer's own
+                variables are not among them).
+
+        Returns:
+            list of the recorded Keras variables (float dtypes only).
+        """
+        state = []
+        for v in getattr(model, "non_trainable_variables", None) or []:
+            if tf.as_dtype(v.dtype).is_floating:
+                state.append(v)
+        self.state_variables = state
+        return state
+
+    # the compiled step's non-finite flag and step index while a step is being traced (else None)
+    _step_bad = _step_it = None
+
+    #: the model's non-trainable float variables (e.g. BatchNormalization statistics), set at train
+    #: begin by :meth:`set_state_variables`; averaged with the parameters.
+    state_variables = ()
 
     def fit_data(self, x, y, batch_size, seed=0):
         """Return this rank's ``model.fit`` data arguments for the full training set ``(x, y)``.
@@ -423,6 +511,14 @@ class Protocol:
         *every* rank, by one masked fused allreduce-sum. Runs inside :meth:`synchronize`
         (netdelay latency, ``sync_wait_ms``, ``syncs``). Usable inside the compiled step.
 
+        The model's non-trainable float state (:attr:`state_variables`, e.g. BatchNormalization's
+        moving statistics) is averaged with ``variables`` in the same collective (issue 15).
+        Non-finite guard: a rank whose values are not all finite (or whose step's gradients were
+        not, :meth:`_guard_gradients`) sends zeros in their place and sets its flag in a [N]
+        float32 vector carried by the same collective; if any flag is set, every rank raises
+        (``InvalidArgumentError`` starting with :data:`NONFINITE_MARK`, naming the rank(s) and the
+        step) before assigning anything. The flag vector (4 N bytes) is not counted in ``bytes_sent``.
+
         Args:
             variables: list of Keras variables (float). weight: None or float32 scalar tensor.
             name: op-name prefix (default ``hetsync_<name>_avg``).
@@ -431,15 +527,95 @@ class Protocol:
             list of the assign ops.
         """
         name = name or f"hetsync_{self.name}_avg"
+        variables = self._with_state(variables)
         values = [tf.convert_to_tensor(v.value) for v in variables]
+        local_bad = tf.logical_not(all_finite(values))
+        step_bad = getattr(self, "_step_bad", None)
+        bad = local_bad if step_bad is None else tf.logical_or(local_bad, step_bad)
+        counted = self._stats["nonfinite_dropped"].assign_add(tf.cast(local_bad, tf.float64))
+        with tf.control_dependencies([counted]):
+            values = self._zeros_if(bad, values)
+        flags = self.nonfinite_flags(bad)
         if weight is None:
-            avg = self.synchronize(lambda ts: transport.allreduce_mean(ts, name=name), values)
+            out = self.synchronize(lambda ts: transport.allreduce_mean(ts, name=name), values + [flags])
+            avg = out[:-1]
         else:
             masked = [v * tf.cast(weight, v.dtype) for v in values] + [tf.reshape(tf.cast(weight, tf.float32), [1])]
-            summed = self.synchronize(lambda ts: transport.allreduce_sum(ts, name=name), masked)
+            out = self.synchronize(lambda ts: transport.allreduce_sum(ts, name=name), masked + [flags])
+            summed = out[:-1]
             count = summed[-1][0]
             avg = [s / tf.cast(count, s.dtype) for s in summed[:-1]]
-        return [v.assign(a) for v, a in zip(variables, avg)]
+        check = self.check_nonfinite_flags(out[-1], "the parameter average")
+        with tf.control_dependencies([check]):
+            return [v.assign(a) for v, a in zip(variables, avg)]
+
+    def _with_state(self, variables):
+        """``variables`` followed by the :attr:`state_variables` not already among them (list)."""
+        variables = list(variables)
+        ids = {id(v) for v in variables}
+        return variables + [v for v in self.state_variables if id(v) not in ids]
+
+    @staticmethod
+    def _zeros_if(bad, tensors):
+        """``tensors`` (list of dense tensors), or zeros of the same shapes where ``bad`` (bool scalar) holds."""
+        if not tensors:
+            return []
+        return list(tf.cond(bad, lambda: [tf.zeros_like(t) for t in tensors], lambda: [tf.identity(t) for t in tensors]))
+
+    def nonfinite_flags(self, bad):
+        """Return this rank's non-finite flag vector: float32 [N] (N = world size), 1 at this rank's
+        index if ``bad`` (bool scalar tensor) holds, else zeros. Summed or averaged by a collective, a
+        positive entry names a rank that held back non-finite values (:meth:`check_nonfinite_flags`).
+        ``bad`` None (outside a guarded step) means False."""
+        if bad is None:
+            bad = tf.constant(False)
+        return tf.one_hot(runtime.rank(), runtime.size(), dtype=tf.float32) * tf.cast(bad, tf.float32)
+
+    def _step_index(self):
+        """The optimizer's ``iterations`` (int64 scalar tensor): the 0-based index of the current step."""
+        if getattr(self, "_step_it", None) is not None:
+            return self._step_it  # read at the start of the step, before the optimizer's increment
+        it = getattr(self.optimizer, "iterations", None)
+        return tf.constant(-1, tf.int64) if it is None else tf.cast(tf.convert_to_tensor(it), tf.int64)
+
+    def check_nonfinite_flags(self, flags, where):
+        """Return an assert op that raises on this rank if any rank's flag is set (compiled step).
+
+        Args:
+            flags: float32 [N], the sum or mean over ranks of :meth:`nonfinite_flags`.
+            where: str, the collective that carried them (for the message).
+
+        Raises (when the op runs):
+            tf.errors.InvalidArgumentError: some flag > 0; the message starts with
+                :data:`NONFINITE_MARK` and names the rank(s), the step and the protocol.
+        """
+        bad = flags > 0
+        msg = tf.strings.format(
+            NONFINITE_MARK + ": non-finite values on rank(s) {} at step {} (protocol " + self.display_name
+            + "), reported in " + where + "; none was sent, training stops on every rank",
+            (tf.reshape(tf.where(bad), [-1]), self._step_index()))
+        return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [msg])
+
+    def check_finite_arrays(self, arrays, what, step):
+        """Raise before sending if any of ``arrays`` holds a NaN or inf (eager, point-to-point senders).
+
+        Counts the held-back set in ``nonfinite_dropped`` first. Used by the protocols that send
+        parameters or gradients between steps (Hop, NOTIFY-ACK, the parameter-server workers).
+
+        Args:
+            arrays: list of NumPy float arrays about to be sent. what: str, what they are (message).
+            step: int, the step or iteration they belong to (message).
+
+        Raises:
+            NonFiniteError: some element is not finite (the message names the rank, the step, the
+                protocol and what was not sent).
+        """
+        if all(np.isfinite(a).all() for a in arrays):
+            return
+        self._stats["nonfinite_dropped"].assign_add(1.0)
+        raise NonFiniteError(f"{NONFINITE_MARK}: non-finite {what} on rank {runtime.rank()} at step {step} "
+                             f"(protocol {self.display_name}); not sent (nonfinite_dropped="
+                             f"{int(self._stats['nonfinite_dropped'].numpy())}), training stops")
 
     def parameter_drift(self, values, mean, name, active=True):
         """The drift: the largest L2 distance ||x_r - mean|| of a rank's parameters from the mean (eager).
@@ -457,29 +633,61 @@ class Protocol:
         dist = float(np.linalg.norm(np.asarray(values, np.float64) - np.asarray(mean, np.float64))) if active else -1.0
         return float(max(transport.allgather_object(dist, name=name)))
 
-    def average_at_train_end(self):
-        """Average the trainable parameters over all ranks once, eagerly, when training ends.
+    def average_at_train_end(self, trainable=True):
+        """Average the parameters over all ranks once, eagerly, when training ends.
 
         w <- (1/N) sum_n w_n, so every rank leaves ``fit`` with the same model (local steps since
         the last synchronization are kept in the average, not discarded). Run by :meth:`stop` on
-        every rank when the config has ``average_at_end=True`` (RNA, SelSync, local SGD, FedAvg);
-        not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``. Records
-        ``final_average`` and ``drift_before_final_average`` (:meth:`parameter_drift` before the
-        average; 0.0 if the ranks were equal) for :meth:`summary_stats`.
+        every rank when the config has ``average_at_end=True`` (RNA, SelSync, local SGD, FedAvg,
+        Hop, NOTIFY-ACK); not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
+        The model's non-trainable float state (:attr:`state_variables`, BatchNormalization's moving
+        statistics) is averaged in the same collective (issue 15). Records ``final_average`` and
+        ``drift_before_final_average`` (:meth:`parameter_drift` of the trainable parameters before
+        the average; 0.0 if the ranks were equal) for :meth:`summary_stats`.
+
+        Non-finite guard: a rank whose values are not all finite sends zeros and its flag instead;
+        then every rank raises :class:`NonFiniteError` naming the rank(s) and assigns nothing.
+
+        Args:
+            trainable: bool; False averages only :attr:`state_variables` (BSP, whose trainable
+                parameters are already identical) and records nothing.
 
         Returns:
-            dict ``{"final_average": True, "drift_before_final_average": float}``.
+            dict ``{"final_average": True, "drift_before_final_average": float}`` (``{}`` with
+            ``trainable=False``).
 
         Raises:
             RuntimeError: the optimizer has no trainable variables (not built).
+            NonFiniteError: some rank's parameters or state are not finite (raised on every rank).
         """
-        variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
-        if not variables:
+        trained = list(getattr(self.optimizer, "_trainable_variables", None) or []) if trainable else []
+        if trainable and not trained:
             raise RuntimeError(f"{self.name}: no trainable variables to average at train end (optimizer not built)")
-        values = [tf.convert_to_tensor(v.value) for v in variables]
-        means = transport.allreduce_mean(values, name=f"hetsync_{self.name}_final_avg")
-        flat = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in values])
-        flat_mean = np.concatenate([np.ravel(np.asarray(m, np.float64)) for m in means])
+        variables = self._with_state(trained)
+        if not variables:
+            return {}
+        values = [np.asarray(v.numpy()) for v in variables]
+        bad = not all(np.isfinite(a).all() for a in values)
+        if bad:
+            self._stats["nonfinite_dropped"].assign_add(1.0)
+            values = [np.zeros_like(a) for a in values]
+        flags = np.zeros(runtime.size(), np.float32)
+        flags[runtime.rank()] = float(bad)
+        out = transport.allreduce_mean([tf.constant(a) for a in values] + [tf.constant(flags)],
+                                       name=f"hetsync_{self.name}_final_avg" + ("" if trainable else "_state"))
+        means, flags = out[:-1], np.asarray(out[-1])
+        if (flags > 0).any():
+            raise NonFiniteError(
+                f"{NONFINITE_MARK}: non-finite parameters on rank(s) {np.flatnonzero(flags > 0).tolist()} at the end of "
+                f"training (protocol {self.display_name}, step {int(self._step_index().numpy())}); not sent, no "
+                "final average")
+        if not trainable:
+            for v, m in zip(variables, means):
+                v.assign(m)
+            return {}
+        k = len(trained)
+        flat = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in values[:k]])
+        flat_mean = np.concatenate([np.ravel(np.asarray(m, np.float64)) for m in means[:k]])
         drift = self.parameter_drift(flat, flat_mean, name=f"hetsync_{self.name}_final_drift")
         for v, m in zip(variables, means):
             v.assign(m)
@@ -566,4 +774,60 @@ class Protocol:
         self._stats["overrun"].assign(overrun)
         self._stats["overruns"].assign_add(overrun)
         self._stats["sync_wait_ms"].assign(tf.constant(0.0, tf.float64))
-        return self.apply(grads, variables, local_apply)
+        grads = self._guard_gradients(grads)
+        try:
+            result = self.apply(grads, variables, local_apply)
+            if self.nonfinite_in_collective and self._step_bad is not None:
+                # a step whose collective did not carry the flag still stops on the bad rank
+                with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+                    tf.debugging.Assert(tf.logical_not(self._step_bad), [self._nonfinite_message()])
+            return result
+        finally:
+            self._step_bad = self._step_it = None
+
+    def _nonfinite_message(self):
+        return tf.strings.format(
+            NONFINITE_MARK + ": non-finite gradient on rank " + str(runtime.rank()) + " at step {} (protocol "
+            + self.display_name + "); this step's gradients were not sent (nonfinite_dropped={}), training stops",
+            (self._step_index(), tf.cast(self._stats["nonfinite_dropped"].read_value(), tf.int64)))
+
+    def _guard_gradients(self, grads):
+        """The non-finite guard of the compiled step (issue 15), before :meth:`apply` sends anything.
+
+        Not under dynamic loss scaling (the wrapped optimizer is a ``keras.optimizers.LossScaleOptimizer``):
+        there an overflowing step is expected, skipped and the scale halved, so the gradients go on
+        unchecked. Otherwise it checks every present gradient (one reduce per tensor). If any element is NaN or inf, the
+        step's gradients are held back and counted (``nonfinite_dropped`` += 1), then:
+
+        * protocols with :attr:`nonfinite_in_collective`: the gradients are replaced by zeros, the
+          step runs and its collective carries this rank's flag (:meth:`nonfinite_flags`); every
+          rank then raises (:meth:`check_nonfinite_flags`), naming this rank and the step;
+        * the others: the step raises here, before the protocol writes, queues or sends anything.
+
+        Args:
+            grads: list of gradient tensors (or None), one per trainable variable.
+
+        Returns:
+            the gradients to hand to :meth:`apply` (list, same structure).
+
+        Raises (in the compiled step):
+            tf.errors.InvalidArgumentError: a non-finite gradient (the message starts with
+                :data:`NONFINITE_MARK` and names the rank, the step and the protocol).
+        """
+        self._step_bad = self._step_it = None
+        if _loss_scaling(self.optimizer):
+            # dynamic loss scaling expects overflowing steps: LossScaleOptimizer skips them and halves
+            # its scale (under BSP on every rank alike, the average carries the inf); no guard then
+            return grads
+        self._step_it = tf.identity(self._step_index())
+        bad = tf.logical_not(all_finite(grads))
+        counted = self._stats["nonfinite_dropped"].assign_add(tf.cast(bad, tf.float64))
+        self._step_bad = bad
+        present, dense = present_gradients(grads)
+        if self.nonfinite_in_collective:
+            with tf.control_dependencies([counted]):
+                return scatter_gradients(grads, present, self._zeros_if(bad, dense))
+        with tf.control_dependencies([counted]):
+            check = tf.debugging.Assert(tf.logical_not(bad), [self._nonfinite_message()])
+        with tf.control_dependencies([check]):
+            return scatter_gradients(grads, present, [tf.identity(g) for g in dense])

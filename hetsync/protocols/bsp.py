@@ -7,6 +7,8 @@ Update: w_{k+1} = w_k - gamma * (1/n) sum_i g_i(w_k).
 import dataclasses
 import typing
 
+import tensorflow as tf
+
 from .. import transport
 from .base import Protocol, present_gradients, scatter_gradients
 from .config import ProtocolConfig, param
@@ -32,13 +34,34 @@ class BSPProtocol(Protocol):
     display_name = "BSP"
     Config = BSPConfig
 
+    #: the gradient allreduce carries every rank's non-finite flag (issue 15): all ranks stop together.
+    nonfinite_in_collective = True
+
     def transform(self, grads, variables):
         """Return (1/n) sum_i g_i for every present gradient (one fused allreduce, timed by
-        :meth:`hetsync.protocols.base.Protocol.synchronize`)."""
+        :meth:`hetsync.protocols.base.Protocol.synchronize`). The allreduce also carries the [n]
+        non-finite flags (:meth:`~hetsync.protocols.base.Protocol.nonfinite_flags`); a set flag
+        stops every rank before the update, naming the rank."""
         present, dense = present_gradients(grads)
-        reduced = self.synchronize(
-            lambda ts: transport.allreduce_mean(ts, name="hetsync_bsp", compression=self.cfg.compression), dense)
+        out = self.synchronize(
+            lambda ts: transport.allreduce_mean(ts, name="hetsync_bsp", compression=self.cfg.compression),
+            dense + [self.nonfinite_flags(self._step_bad)])
+        with tf.control_dependencies([self.check_nonfinite_flags(out[-1], "the gradient allreduce")]):
+            reduced = [tf.identity(t) for t in out[:-1]]
         return scatter_gradients(grads, present, reduced)
+
+    def stop(self):
+        """End of training: average the model's non-trainable float state (BatchNormalization's
+        moving statistics, which every rank updates from its own batches) once over the ranks, so
+        every rank ends with the same full model; the trainable parameters are identical already
+        and are left untouched (issue 15).
+
+        Raises:
+            hetsync.protocols.base.NonFiniteError: some rank's state is not finite (on every rank).
+        """
+        super().stop()
+        if self.state_variables:
+            self.average_at_train_end(trainable=False)
 
 
 BSP = protocol_wrapper(BSPProtocol, """Wrap a Keras 3 optimizer for bulk-synchronous training (averaged allreduce each step).

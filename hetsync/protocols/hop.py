@@ -289,6 +289,7 @@ class HopProtocol(Protocol):
         for j in self.in_neighbours:
             self._p2p.send(j, TOKEN, (self._pending_tokens, k))
         arrays = [v.numpy() for v in self._vars]
+        self.check_finite_arrays(arrays, "parameters", k)  # issue 15: never sent
         newest = ops.hop_token_size(self._tokens)[1].numpy() if self._tokens is not None else []
         # Section 6.2(b): no update to a receiver that can no longer use it, one already past iteration k
         # (backup workers), or past k + s (staleness s: it takes updates of iterations >= its own - s).

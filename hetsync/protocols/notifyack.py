@@ -87,6 +87,7 @@ class NotifyAckProtocol(HopProtocol):
                                f"{self.cfg.timeout_s:g} s") from None
         t1 = time.perf_counter()
         arrays = [v.numpy() for v in self._vars]
+        self.check_finite_arrays(arrays, "parameters", k)  # issue 15: never sent
         for j in self.out_neighbours:
             self._p2p.send(j, UPDATE, arrays, tag=k)
             self._local["sends"] += 1

@@ -211,6 +211,7 @@ class PSProtocol(Protocol):
         """
         t = self.step
         g = self._grad.numpy()
+        self.check_finite_arrays([g], "gradient", t)  # issue 15: never pushed
         eta = float(self._lr.numpy())
         sent_at = time.time()
         t0 = time.monotonic()

@@ -83,7 +83,8 @@ class RNAConfig(ProtocolConfig):
                                unit="local iterations")
     scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
                                   "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
-    average_every: int = param(10, "int >= 0; average the parameters over the active ranks every that many rounds "
+    average_every: int = param(10, "int >= 0; average the parameters (with the model's float32 non-trainable state, "
+                                   "e.g. BatchNormalization statistics) over the active ranks every that many rounds "
                                    "(0: never). Every 10 rounds keeps the drift small at the cost of one "
                                    "parameter-sized allreduce per 10 rounds, off the compute path (README: the drift "
                                    "grows without it).", ge=0, unit="rounds")
@@ -107,6 +108,9 @@ class RNAProtocol(Protocol):
 
     #: the communication thread runs horovod collectives (rounds, drift, parameter averages).
     collectives_in_thread = True
+    #: the periodic parameter average (``average_every``) also averages the model's float32
+    #: non-trainable state (BatchNormalization statistics; issue 15). Hierarchical RNA: False.
+    average_state_in_rounds = True
 
     name = "rna"
     display_name = "RNA"
@@ -158,9 +162,12 @@ class RNAProtocol(Protocol):
             return
         self._vars = variables
         self._shapes = [tuple(v.shape) for v in variables]
+        # the periodic parameter average also averages the model's float32 non-trainable state (issue 15)
+        self._state = [v for v in self.state_variables if v.dtype == "float32"] if self.average_state_in_rounds else []
+        self._pshapes = self._shapes + [tuple(v.shape) for v in self._state]
         self._cache = ops.grad_cache_create(self._shapes, self.cfg.max_staleness)
         if self.cfg.average_every > 0:
-            self._pcache = ops.grad_cache_create(self._shapes, 0)
+            self._pcache = ops.grad_cache_create(self._pshapes, 0)
 
     def start(self):
         """Create the caches, lower the thread switch interval and start the communication thread."""
@@ -252,7 +259,7 @@ class RNAProtocol(Protocol):
         st["rna_contributors"].assign(tf.cast(wsum, tf.float64))
         st["rna_dropped"].assign(tf.cast(dropped, tf.float64))
         if self._pcache is not None:
-            zeros = [tf.zeros(s, tf.float32) for s in self._shapes]
+            zeros = [tf.zeros(s, tf.float32) for s in self._pshapes]
             deltas, pfresh, _, _ = ops.grad_cache_read(self._pcache, zeros, it)
         result = []
 
@@ -260,7 +267,7 @@ class RNAProtocol(Protocol):
             result.append(local_apply(outs, variables))
             if self._pcache is not None:
                 def correct():
-                    for v, d in zip(variables, deltas):
+                    for v, d in zip(list(variables) + self._state, deltas):
                         v.assign_add(d)
                     st["rna_param_corrections"].assign_add(tf.constant(1.0, tf.float64))
                     return tf.constant(True)
@@ -337,15 +344,26 @@ class RNAProtocol(Protocol):
     def _parameter_round(self, round_id, average):
         """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
         x = self.snapshot()
+        n_params = x.size  # the drift is measured over the trainable parameters only
+        if self._state:
+            x = np.concatenate([x] + [np.ravel(np.asarray(v.numpy(), np.float32)) for v in self._state])
         active = 1.0 if self.done_steps is None else 0.0
+        finite = bool(np.isfinite(x).all())
+        raw = x
+        if not finite:  # issue 15: never sent; this rank joins the round as inactive, then fails
+            x, active = np.zeros_like(x), 0.0
         s = transport.allreduce_sum([tf.constant(np.append(x * active, active).astype(np.float32))],
                                     name="hetsync_rna_params")[0].numpy()
+        if s[-1] > 0:
+            mean = s[:-1] / s[-1]
+            drift = self.parameter_drift(x[:n_params], mean[:n_params], name="hetsync_rna_drift", active=bool(active))
+        if not finite:
+            self.check_finite_arrays([raw], "parameters (communication thread's snapshot)",
+                                     int(self._iteration.numpy()))
         if s[-1] <= 0:
             return
-        mean = s[:-1] / s[-1]
-        drift = self.parameter_drift(x, mean, name="hetsync_rna_drift", active=bool(active))
         self._local["drift"].append((round_id, drift))
-        self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean)), 1e-12))
+        self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean[:n_params])), 1e-12))
         self._set_stat("rna_drift", drift)
         if average and active:
             ops.grad_cache_publish(self._pcache, np.append(mean - x, 1.0).astype(np.float32), round_id)

@@ -123,6 +123,8 @@ class HierarchicalRNAProtocol(RNAProtocol):
     """Hierarchical RNA (see :func:`HierarchicalRNA`): flat RNA inside groups, a server between groups."""
 
     name = "rnah"
+    #: the group and server averages move the trainable parameters only (flat vectors over them).
+    average_state_in_rounds = False
     display_name = "HierarchicalRNA"
     Config = HierarchicalRNAConfig
     # the warm-up timing, the regrouping and the server exchange run between steps (on_train_batch_end)
@@ -354,6 +356,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
         t0 = time.monotonic()
         if self._rank == initiator:
             x = self.snapshot()
+            self.check_finite_arrays([x], "parameters (push to the servers)", int(self._iteration.numpy()))
             seq = self._push_seq
             self._push_seq += 1
             for k, (lo, hi) in enumerate(self.ranges):
@@ -397,6 +400,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
         """Drift (max over active members of ||x_r - mean||_2) and, with ``average``, flat RNA's parameter
         average over the group (each active member adds mean - x_r at its next step)."""
         x = self.snapshot()
+        self.check_finite_arrays([x], "parameters (group average)", int(self._iteration.numpy()))
         active = self.done_steps is None
         if len(self._members) == 1:
             mean, drift = (x, 0.0) if active else (None, -1.0)

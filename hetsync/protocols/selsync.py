@@ -93,6 +93,9 @@ class SelSyncConfig(ProtocolConfig):
 class SelSyncProtocol(Protocol):
     """Selective synchronization (see :func:`SelSync`)."""
 
+    #: the per-step flag exchange carries the non-finite flags (issue 15).
+    nonfinite_in_collective = True
+
     name = "selsync"
     display_name = "SelSync"
     Config = SelSyncConfig
@@ -276,7 +279,12 @@ class SelSyncProtocol(Protocol):
         st = self._stats
         d, e, sq, first = self.relative_change(grads)
         flag = tf.logical_or(first, d >= self.cfg.delta)
-        flags_set = transport.allreduce_sum([tf.reshape(tf.cast(flag, tf.float32), [1])], name="hetsync_selsync_flag")[0][0]
+        # The flag exchange also carries the [N] non-finite flags (issue 15): every rank stops here,
+        # in the same step, if any rank's gradients were not finite (they were replaced by zeros).
+        exchanged = transport.allreduce_sum([tf.reshape(tf.cast(flag, tf.float32), [1]), self.nonfinite_flags(self._step_bad)],
+                                            name="hetsync_selsync_flag")
+        with tf.control_dependencies([self.check_nonfinite_flags(exchanged[1], "the SelSync flag exchange")]):
+            flags_set = tf.identity(exchanged[0][0])
         synced = flags_set > 0.5
         bookkeeping = [st["d"].assign(d), st["ewma"].assign(e), st["grad_sq_norm"].assign(sq),
                        st["flag"].assign(tf.cast(flag, tf.float64)), st["flags_set"].assign(tf.cast(flags_set, tf.float64)),

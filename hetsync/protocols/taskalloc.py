@@ -136,6 +136,9 @@ class TaskAllocationProtocol(Protocol):
         ValueError: as :func:`TaskAllocation` (the world-size checks run in :meth:`build`).
     """
 
+    #: the weighted allreduce carries every rank's non-finite flag (issue 15): all ranks stop together.
+    nonfinite_in_collective = True
+
     name = "taskalloc"
     display_name = "TaskAllocation"
     Config = TaskAllocationConfig
@@ -528,12 +531,14 @@ class TaskAllocationProtocol(Protocol):
         ``g_i`` is rank i's mean gradient over its m_i samples of this round (Keras' default
         ``sum_over_batch_size`` loss reduction), so the result is the mean gradient over every
         sample of the round, whatever the split. One grouped horovod allreduce per step carries the
-        scaled gradients and m_i.
+        scaled gradients, m_i and the [n] non-finite flags (a set flag stops every rank, issue 15).
         """
         present, dense = present_gradients(grads)
         m = tf.identity(self._mb)
-        scaled = [g * tf.cast(m, g.dtype) for g in dense] + [tf.reshape(m, [1])]
-        reduced = self.synchronize(lambda ts: transport.allreduce_sum(ts, name="hetsync_taskalloc"), scaled)
+        scaled = [g * tf.cast(m, g.dtype) for g in dense] + [tf.reshape(m, [1]), self.nonfinite_flags(self._step_bad)]
+        out = self.synchronize(lambda ts: transport.allreduce_sum(ts, name="hetsync_taskalloc"), scaled)
+        with tf.control_dependencies([self.check_nonfinite_flags(out[-1], "the gradient allreduce")]):
+            reduced = [tf.identity(t) for t in out[:-1]]
         total = reduced[-1][0]
         check = tf.debugging.assert_positive(
             total, message="TaskAllocation: no samples in this round; train on opt.hetsync_protocol.fit_data(...) "

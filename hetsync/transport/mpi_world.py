@@ -30,3 +30,38 @@ def init_world():
         log.warning("MPI provides thread level %d < MPI_THREAD_MULTIPLE; communication threads may be unsafe",
                     MPI.Query_thread())
     return MPI.COMM_WORLD
+
+
+def abort_job_on(marker, grace_s=1.0):
+    """End the whole MPI job when this rank dies of an uncaught exception whose text contains ``marker``.
+
+    Installs a ``sys.excepthook`` that prints the traceback as usual, waits ``grace_s`` seconds (so
+    that ranks stopping for the same reason print their own error first), then calls
+    ``MPI_Abort(COMM_WORLD, 1)``: ``mpirun`` ends every rank and the job's exit status is non-zero.
+    Without it, a rank that dies while a communication thread (RNA's rounds, the point-to-point
+    dispatcher) is still running can hang in MPI's finalisation, and the other ranks wait for it.
+    Used for the non-finite stop (issue 15; :data:`hetsync.protocols.base.NONFINITE_MARK`); other
+    exceptions keep Python's default handling. Idempotent per marker.
+
+    Args:
+        marker: str looked for in ``str(exception)``. grace_s: float seconds >= 0.
+    """
+    import sys
+    import time
+
+    from mpi4py import MPI
+
+    previous = sys.excepthook
+    if marker in getattr(previous, "hetsync_markers", ()):
+        return
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if marker in str(exc) and MPI.COMM_WORLD.Get_size() > 1:
+            sys.stderr.flush()
+            sys.stdout.flush()
+            time.sleep(grace_s)
+            MPI.COMM_WORLD.Abort(1)
+
+    hook.hetsync_markers = tuple(getattr(previous, "hetsync_markers", ())) + (marker,)
+    sys.excepthook = hook

@@ -1,0 +1,174 @@
+"""Issue 15, one process: a non-finite gradient stops training with the rank and the step named, and
+nothing non-finite leaves the rank (counted in ``nonfinite_dropped``); non-trainable float state is
+part of every parameter average. The multi-process behaviour is in test_nonfinite_mp.py."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hetsync
+from hetsync.protocols import base
+from hetsync.protocols.base import NONFINITE_MARK, NonFiniteError, Protocol
+
+BAD_STEP = 3
+BATCH = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _init():
+    hetsync.init()
+
+
+class _Recording(Protocol):
+    """A protocol whose 'send' is a counter: ``sent`` counts the gradient sets handed to transform."""
+
+    name = "recording"
+    display_name = "Recording"
+
+    def build(self):
+        with tf.init_scope():
+            self.sent = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.sent_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def transform(self, grads, variables):
+        # a send consumes the gradients (as every protocol's collective, cache write or push does)
+        with tf.control_dependencies([g for g in grads if g is not None]):
+            self.sent.assign_add(1)
+            self.sent_nonfinite.assign_add(tf.cast(tf.logical_not(base.all_finite(grads)), tf.int64))
+        return grads
+
+
+def _data(bad_step=BAD_STEP, steps=6):
+    """Inputs whose batch ``bad_step`` holds a NaN (its loss and gradients are NaN), labels, both in order."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * BATCH, 4)).astype(np.float32)
+    y = rng.integers(0, 3, steps * BATCH)
+    if bad_step is not None:
+        x[bad_step * BATCH + 1, 2] = np.nan
+    return x, y
+
+
+def _model(opt, batchnorm=False):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((4,)), keras.layers.Dense(5)]
+    if batchnorm:
+        layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.1)]
+    model = keras.Sequential(layers + [keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    return model
+
+
+def _fit(opt, x, y, batchnorm=False):
+    model = _model(opt, batchnorm)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    return model
+
+
+@pytest.mark.parametrize("wrapper", ["BSP", "LocalSGD", "SelSync"])
+def test_nan_gradient_stops_the_step_naming_rank_and_step(wrapper):
+    opt = getattr(hetsync, wrapper)(keras.optimizers.SGD(0.1))
+    x, y = _data()
+    model = _model(opt)
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=hetsync.callbacks.standard(opt))
+    msg = str(err.value)
+    assert NONFINITE_MARK in msg and f"at step {BAD_STEP}" in msg and opt.hetsync_protocol.display_name in msg
+    assert ("rank 0" in msg) or ("rank(s) [0]" in msg), msg
+    proto = opt.hetsync_protocol
+    assert proto.step_stats()["nonfinite_dropped"] == 1.0
+    # the bad step changed no weight: they equal a run of the BAD_STEP good steps alone
+    ref_opt = getattr(hetsync, wrapper)(keras.optimizers.SGD(0.1))
+    ref = _fit(ref_opt, x[:BAD_STEP * BATCH], y[:BAD_STEP * BATCH])
+    for w, r in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(w, r)
+
+
+def test_nothing_is_sent_for_the_nonfinite_step():
+    opt = hetsync.protocols.wrapper.wrap(keras.optimizers.SGD(0.1), _Recording())
+    x, y = _data()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"rank 0 at step {BAD_STEP}"):
+        _fit(opt, x, y)
+    proto = opt.hetsync_protocol
+    assert int(proto.sent.numpy()) == BAD_STEP  # the good steps only
+    assert int(proto.sent_nonfinite.numpy()) == 0
+    assert proto.step_stats()["nonfinite_dropped"] == 1.0
+    assert "nonfinite_dropped=1" in proto._nonfinite_message().numpy().decode()
+
+
+def test_a_finite_run_is_unchanged_and_counts_nothing():
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    x, y = _data(bad_step=None)
+    _fit(opt, x, y)
+    assert int(opt.iterations.numpy()) == 6
+    assert opt.hetsync_protocol.step_stats()["nonfinite_dropped"] == 0.0
+
+
+def test_check_finite_arrays_raises_before_sending_and_counts():
+    opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1))
+    _model(opt)
+    proto = opt.hetsync_protocol
+    proto.check_finite_arrays([np.ones(3, np.float32)], "parameters", 7)  # finite: nothing happens
+    with pytest.raises(NonFiniteError, match=r"non-finite parameters on rank 0 at step 7 \(protocol LocalSGD\); not "
+                                             r"sent \(nonfinite_dropped=1\)"):
+        proto.check_finite_arrays([np.ones(3, np.float32), np.array([1.0, np.inf], np.float32)], "parameters", 7)
+    assert proto.step_stats()["nonfinite_dropped"] == 1.0
+
+
+def test_average_at_train_end_refuses_nonfinite_parameters():
+    opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1))
+    x, y = _data(bad_step=None)
+    model = _fit(opt, x, y)
+    model.trainable_variables[0].assign(np.full(model.trainable_variables[0].shape, np.nan, np.float32))
+    with pytest.raises(NonFiniteError, match=r"non-finite parameters on rank\(s\) \[0\] at the end of training"):
+        opt.hetsync_protocol.average_at_train_end()
+    assert opt.hetsync_protocol.step_stats()["nonfinite_dropped"] == 1.0
+
+
+def test_state_variables_are_the_float_non_trainable_ones_and_are_averaged():
+    opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1), period=2)
+    x, y = _data(bad_step=None)
+    model = _fit(opt, x, y, batchnorm=True)
+    proto = opt.hetsync_protocol
+    bn = model.layers[1]
+    assert {id(v) for v in proto.state_variables} == {id(bn.moving_mean), id(bn.moving_variance)}
+    non_float = [v for v in model.non_trainable_variables if not tf.as_dtype(v.dtype).is_floating]
+    assert all(id(v) not in {id(s) for s in proto.state_variables} for v in non_float)
+    # the averaged set is the trainable parameters followed by the state
+    averaged = proto._with_state(model.trainable_variables)
+    assert averaged[-2:] == [bn.moving_mean, bn.moving_variance] and len(averaged) == len(model.trainable_variables) + 2
+    # the moving statistics moved away from their initial values (0 and 1) during training
+    assert np.abs(bn.moving_mean.numpy()).max() > 0
+
+
+def test_nonfinite_flags_and_the_message():
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    _model(opt)
+    proto = opt.hetsync_protocol
+    np.testing.assert_array_equal(proto.nonfinite_flags(tf.constant(True)).numpy(), [1.0])
+    np.testing.assert_array_equal(proto.nonfinite_flags(None).numpy(), [0.0])
+    proto.check_nonfinite_flags(tf.constant([0.0]), "a test")  # no flag: passes
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"non-finite values on rank\(s\) \[0\] at step 0 "
+                                                             r"\(protocol BSP\), reported in a test"):
+        proto.check_nonfinite_flags(tf.constant([1.0]), "a test")
+
+
+def test_a_nonfinite_loss_with_finite_gradients_stops_after_its_step():
+    poison = tf.Variable(0.0, trainable=False)
+
+    def loss(y, p):  # the poison changes the loss, not the gradients
+        return keras.losses.sparse_categorical_crossentropy(y, p) + tf.stop_gradient(poison)
+
+    class Poison(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            poison.assign(np.inf if batch == BAD_STEP else 0.0)
+
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=opt, loss=loss)
+    x, y = _data(bad_step=None)
+    with pytest.raises(NonFiniteError, match=rf"non-finite loss inf on rank 0 at step {BAD_STEP} \(protocol BSP\)"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[Poison()] + hetsync.callbacks.standard(opt))
+    assert opt.hetsync_protocol.step_stats()["nonfinite_dropped"] == 0.0  # the gradients were finite
