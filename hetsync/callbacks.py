@@ -89,6 +89,10 @@ class ProtocolHooks(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.model._hetsync_broadcast_done = False
         self.protocol.stop()
+        # then what must wait until every rank has stopped (hetsync.checkpoint.BackupAndRestore's deletion)
+        for fn in getattr(self.model, "_hetsync_after_train", []):
+            fn()
+        self.model._hetsync_after_train = []
 
 
 class Slowdown(keras.callbacks.Callback):

@@ -29,8 +29,9 @@ is the state an uninterrupted run has at that rank's k-th step. Messages in flig
 that moment (e.g. an RNA round under way) are not saved; local SGD and FedAvg, whose only traffic
 is the averaging collective at fixed steps, lose nothing. On restore the ranks agree (one
 allgather) on the largest k for which *every* rank holds a complete checkpoint, so a rank that was
-one interval ahead when the job died steps back to the common k (it keeps ``keep`` = 2 checkpoints
-for this). Time-triggered saves (``save_every_s``) are decided by each rank's own clock at a step
+ahead when the job died steps back to the common k: it keeps its newest ``keep`` (2) checkpoints
+and, when it can see the other ranks' folders (one host or a shared file system), also every
+checkpoint from the newest one that the slowest rank has reached, however far ahead it runs. Time-triggered saves (``save_every_s``) are decided by each rank's own clock at a step
 boundary, so they are at the same step on all ranks only if the ranks happen to cross the time
 at the same step; the restore then finds no common step beyond the last step-triggered one: give
 ``save_every_steps`` as well for a guaranteed cut (documented limit; no extra collective is added,
@@ -182,8 +183,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             resume shifts it to the saved global step. Needed to resume (ValueError without it).
         metrics: None or the run's :class:`hetsync.callbacks.SyncMetrics`: its totals (steps,
             samples, times) are saved and restored, so the resumed run's summary counts the whole run.
-        keep: int >= 2, complete checkpoints kept per rank (the restore needs one that every rank holds).
-        delete_checkpoint: bool, delete the checkpoints when ``fit`` completes.
+        keep: int >= 2, newest complete checkpoints kept per rank (the restore needs one that every
+            rank holds; older ones that a slower rank may still need are kept too, see the module docstring).
+        delete_checkpoint: bool, delete the checkpoints when ``fit`` completes on every rank (after
+            the protocol's stop and one allgather, run by :class:`hetsync.callbacks.ProtocolHooks`).
 
     Raises:
         ValueError: neither or a non-positive ``save_every_steps`` / ``save_every_s``, an empty
@@ -249,6 +252,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                              f"{self.params.get('steps')!r})")
         self._global_step, self._epoch, self._t_last, self._due = 0, 0, time.time(), False
         self.restored_step, self.saves = None, 0
+        os.makedirs(self.rank_dir, exist_ok=True)  # (before the allgather: then every rank's folder exists)
         mine = complete_checkpoints(self.rank_dir)
         for step in mine:  # refuse a foreign checkpoint before any collective can hang on it
             with open(os.path.join(self.rank_dir, f"step-{step:012d}", "meta.json")) as f:
@@ -357,15 +361,45 @@ class BackupAndRestore(keras.callbacks.Callback):
                     metrics=self.metrics.state() if self.metrics is not None else None)
         path = atomic_save(self.rank_dir, self._global_step, arrays, meta)
         self.saves += 1
-        for old in complete_checkpoints(self.rank_dir)[:-self.keep]:
+        for old in self._prunable():
             shutil.rmtree(os.path.join(self.rank_dir, f"step-{old:012d}"), ignore_errors=True)
         return path
+
+    def _prunable(self):
+        """This rank's checkpoints that can go: all but the newest ``keep``, and none that a slower
+        rank may still need. When the other ranks' folders are visible (one host or a shared file
+        system), the oldest step kept is the newest own step <= every other rank's latest complete
+        step, so a rank that runs ahead (asynchronous protocols) keeps the step the slowest rank
+        will resume from."""
+        mine = complete_checkpoints(self.rank_dir)
+        candidates = mine[:-self.keep]
+        if not candidates or runtime.size() == 1:
+            return candidates
+        latest = []
+        for r in range(runtime.size()):
+            if r != runtime.rank():
+                steps = complete_checkpoints(os.path.join(self.backup_dir, f"rank{r}"))
+                if not os.path.isdir(os.path.join(self.backup_dir, f"rank{r}")):
+                    return candidates  # not visible from here (another host): keep the newest `keep` only
+                latest.append(steps[-1] if steps else -1)
+        floor = min(latest)
+        needed = [k for k in mine if k <= floor]
+        oldest_kept = needed[-1] if needed else -1
+        return [k for k in candidates if k < oldest_kept]
 
     def on_train_end(self, logs=None):
         self.model._initial_epoch = None
         self.model._hetsync_restored = False
         if self.dataset is not None:
             self.dataset.offset = 0
+        # The checkpoints go only once every rank has finished: after the protocol's stop (its
+        # final average under the asynchronous protocols) and one allgather, run by
+        # hetsync.callbacks.ProtocolHooks.on_train_end (which comes after this callback).
+        self.model._hetsync_after_train = list(getattr(self.model, "_hetsync_after_train", [])) + [self._finish]
+
+    def _finish(self):
+        """Delete the checkpoints after all ranks completed ``fit`` (one allgather first)."""
+        transport.allgather_object(runtime.rank(), name="hetsync_checkpoint_done")
         if self.delete_checkpoint:
             shutil.rmtree(self.rank_dir, ignore_errors=True)
             try:

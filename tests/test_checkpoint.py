@@ -133,3 +133,21 @@ def test_protocol_state_round_trip_and_bad_state():
         q.load_state({"stats": {"nope": 1.0}})
     with pytest.raises(ValueError, match="_global_step"):
         q.load_state({"variables": {"_global_step": {"dtype": "int64", "value": [1, 2]}}})
+
+
+def test_a_rank_ahead_keeps_the_step_the_slowest_rank_reached(tmp_path, monkeypatch):
+    """Asynchronous protocols: rank 0 at step 60, rank 1 at 30; rank 0 must keep step 30."""
+    from hetsync import runtime
+    for r, steps in ((0, range(10, 61, 10)), (1, (20, 30))):
+        for k in steps:
+            atomic_save(str(tmp_path / f"rank{r}"), k, [], {})
+    cb = BackupAndRestore(str(tmp_path), save_every_steps=10)
+    monkeypatch.setattr(runtime, "size", lambda: 2)
+    monkeypatch.setattr(runtime, "rank", lambda: 0)
+    assert cb._prunable() == [10, 20]  # keeps 30 (rank 1's latest) .. 60
+    monkeypatch.setattr(runtime, "rank", lambda: 1)
+    assert cb._prunable() == []  # rank 1 keeps its newest two
+    import shutil
+    shutil.rmtree(tmp_path / "rank1")  # another host's folder is not visible: the newest `keep` only
+    monkeypatch.setattr(runtime, "rank", lambda: 0)
+    assert cb._prunable() == [10, 20, 30, 40]

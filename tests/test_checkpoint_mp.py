@@ -19,8 +19,11 @@ def _final_weights(out, rank):
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-@pytest.mark.parametrize("protocol,args", [("bsp", []), ("localsgd", ["--protocol-arg", "period=5"])])
-def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protocol, args):
+@pytest.mark.parametrize("protocol,args,same_run", [
+    ("bsp", [], True), ("localsgd", ["--protocol-arg", "period=5"], True),
+    # RNA's rounds depend on timing: two uninterrupted runs already differ, so only the counts are exact
+    ("rna", [], False)])
+def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protocol, args, same_run):
     common = ["--protocol", protocol, *args, "--epochs", str(EPOCHS), "--quiet"]
     out_a, out_b, backup = str(tmp_path / "A"), str(tmp_path / "B"), str(tmp_path / "backup")
     launch(2, [SCRIPT, *common, "--out", out_a])
@@ -31,20 +34,23 @@ def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protoco
     for r in range(2):  # both ranks hold the checkpoint of step 30, complete
         assert SAVED in [int(n[5:]) for n in os.listdir(os.path.join(backup, f"rank{r}")) if n.startswith("step-")]
     resumed = launch(2, cmd_b)  # the same command again
-    assert "resumed from global step 30 (epoch 1, step 8 of 22)" in resumed.stderr + resumed.stdout
+    assert "rank 1 resumed from global step 30 (epoch 1, step 8 of 22)" in resumed.stderr + resumed.stdout
     a, b = read_json(os.path.join(out_a, "summary.json")), read_json(os.path.join(out_b, "summary.json"))
     steps = STEPS_PER_EPOCH * EPOCHS
     for ra, rb in zip(a["per_rank"], b["per_rank"]):
         assert ra["steps"] == rb["steps"] == steps
         assert ra["samples"] == rb["samples"] == steps * 32
     assert a["steps"] == b["steps"]
-    assert abs(a["final_test_accuracy"] - b["final_test_accuracy"]) <= 0.005
     for r in range(2):
         # the per-rank step records: every step exactly once (the killed run's steps after the
         # checkpoint were dropped and re-run)
         assert [rec["step"] for rec in read_jsonl(os.path.join(out_b, f"rank{r}.jsonl"))] == list(range(steps))
+    assert not os.path.exists(backup)  # deleted when training completed
+    if not same_run:
+        return
+    assert abs(a["final_test_accuracy"] - b["final_test_accuracy"]) <= 0.005
+    for r in range(2):
         for wa, wb in zip(_final_weights(out_a, r), _final_weights(out_b, r)):
             np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-5)
     for k in ("syncs", "sync_steps", "local_steps", "bytes_sent"):  # the protocol's counters were restored
         assert b["stats"].get(k) == a["stats"].get(k), k
-    assert not os.path.exists(backup)  # deleted when training completed
