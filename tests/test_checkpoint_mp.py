@@ -8,10 +8,11 @@ import pytest
 from conftest import launch, read_json, read_jsonl
 
 SCRIPT = "tests/mp/checkpoint_run.py"
-# digits: 1437 training samples, 718 per rank, b = 32 -> 22 steps per epoch; 3 epochs = 66 steps.
-# Saves after steps 10, 20, 30; rank 1 dies after step 33 (epoch 1, step 11): the resume is at
-# global step 30 = epoch 1, step 8.
-STEPS_PER_EPOCH, EPOCHS, KILL_AT, SAVED = 22, 3, 33, 30
+# digits: 1437 training samples, 718 per rank, b = 32 -> 22 steps per epoch; 3 epochs = 66 steps
+# (task allocation: the global batch of 64 over all 1437 samples -> 23 rounds per epoch).
+# Saves after steps 10, 20, 30; rank 1 dies after step 33 (epoch 1): the resume is at global step
+# 30 = epoch 1, step 8 (task allocation: step 7).
+EPOCHS, KILL_AT, SAVED = 3, 33, 30
 
 
 def _final_weights(out, rank):
@@ -19,11 +20,12 @@ def _final_weights(out, rank):
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-@pytest.mark.parametrize("protocol,args,same_run", [
-    ("bsp", [], True), ("localsgd", ["--protocol-arg", "period=5"], True),
+@pytest.mark.parametrize("protocol,args,same_run,steps_per_epoch", [
+    ("bsp", [], True, 22), ("localsgd", ["--protocol-arg", "period=5"], True, 22),
+    ("taskalloc", [], True, 23),
     # RNA's rounds depend on timing: two uninterrupted runs already differ, so only the counts are exact
-    ("rna", [], False)])
-def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protocol, args, same_run):
+    ("rna", [], False, 22)])
+def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protocol, args, same_run, steps_per_epoch):
     common = ["--protocol", protocol, *args, "--epochs", str(EPOCHS), "--quiet"]
     out_a, out_b, backup = str(tmp_path / "A"), str(tmp_path / "B"), str(tmp_path / "backup")
     launch(2, [SCRIPT, *common, "--out", out_a])
@@ -34,12 +36,15 @@ def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protoco
     for r in range(2):  # both ranks hold the checkpoint of step 30, complete
         assert SAVED in [int(n[5:]) for n in os.listdir(os.path.join(backup, f"rank{r}")) if n.startswith("step-")]
     resumed = launch(2, cmd_b)  # the same command again
-    assert "rank 1 resumed from global step 30 (epoch 1, step 8 of 22)" in resumed.stderr + resumed.stdout
+    assert (f"rank 1 resumed from global step 30 (epoch 1, step {SAVED - steps_per_epoch} of {steps_per_epoch})"
+            in resumed.stderr + resumed.stdout)
     a, b = read_json(os.path.join(out_a, "summary.json")), read_json(os.path.join(out_b, "summary.json"))
-    steps = STEPS_PER_EPOCH * EPOCHS
+    steps = steps_per_epoch * EPOCHS
     for ra, rb in zip(a["per_rank"], b["per_rank"]):
         assert ra["steps"] == rb["steps"] == steps
-        assert ra["samples"] == rb["samples"] == steps * 32
+        assert ra["samples"] == rb["samples"]  # none lost, none counted twice
+        if protocol != "taskalloc":  # (task allocation: w_i micro-batches per round, reshared every epoch)
+            assert ra["samples"] == steps * 32
     assert a["steps"] == b["steps"]
     for r in range(2):
         # the per-rank step records: every step exactly once (the killed run's steps after the
