@@ -359,7 +359,13 @@ class SyncMetrics(keras.callbacks.Callback):
         kept = []
         if self._resume is not None and os.path.exists(path):
             with open(path) as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] < self._resume[0]["step"]]
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        break  # the killed run's last line, cut mid-write (after the checkpoint's fsync)
+                    if rec["step"] < self._resume[0]["step"]:
+                        kept.append(line if line.endswith("\n") else line + "\n")
         self._file = open(path, "w")
         self._file.writelines(kept)
         self._writer = None

@@ -151,3 +151,21 @@ def test_a_rank_ahead_keeps_the_step_the_slowest_rank_reached(tmp_path, monkeypa
     shutil.rmtree(tmp_path / "rank1")  # another host's folder is not visible: the newest `keep` only
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     assert cb._prunable() == [10, 20, 30, 40]
+
+
+def test_time_triggered_saves(tmp_path):
+    """save_every_s: a save at every step boundary once the time has passed (here: always); the
+    newest two are kept; the position is (epoch, step in epoch, global step)."""
+    backup = str(tmp_path / "t")
+    keras.utils.set_random_seed(3)
+    x, y = _data()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    fit = opt.hetsync_protocol.fit_data(x, y, 16, seed=1)
+    cb = BackupAndRestore(backup, save_every_s=1e-9, dataset=fit["x"], delete_checkpoint=False)
+    model.fit(**fit, epochs=2, verbose=0, callbacks=[cb] + hetsync.callbacks.standard(opt))
+    # a save due after the last step (24) is not written: the newest is before step 24
+    assert cb.saves == 23 and complete_checkpoints(os.path.join(backup, "rank0")) == [22, 23]
+    _, meta = load_checkpoint(os.path.join(backup, "rank0"), 23)
+    assert (meta["epoch"], meta["step_in_epoch"], meta["global_step"]) == (1, 11, 23)
