@@ -237,6 +237,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         return opt
 
     # -- Keras hooks -----------------------------------------------------------------------------
+    def set_model(self, model):
+        # Keras calls this when it builds the fit's callback list, before any on_train_begin: the
+        # flags of an earlier fit that stopped with an exception do not leak into this one.
+        super().set_model(model)
+        model._hetsync_broadcast_done = model._hetsync_restored = False
+        model._hetsync_after_train = []
+
     def on_train_begin(self, logs=None):
         if getattr(self.model, "_hetsync_broadcast_done", False):
             raise ValueError("BackupAndRestore must come before hetsync.callbacks.standard(opt) in the callback "

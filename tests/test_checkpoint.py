@@ -169,3 +169,18 @@ def test_time_triggered_saves(tmp_path):
     assert cb.saves == 23 and complete_checkpoints(os.path.join(backup, "rank0")) == [22, 23]
     _, meta = load_checkpoint(os.path.join(backup, "rank0"), 23)
     assert (meta["epoch"], meta["step_in_epoch"], meta["global_step"]) == (1, 11, 23)
+
+
+def test_placed_after_standard_is_refused_and_the_next_fit_is_not_affected(tmp_path):
+    x, y = _data()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    fit = opt.hetsync_protocol.fit_data(x, y, 16)
+    d = str(tmp_path / "b")
+    with pytest.raises(ValueError, match="before hetsync.callbacks.standard"):
+        model.fit(**fit, epochs=1, verbose=0,
+                  callbacks=hetsync.callbacks.standard(opt) + [BackupAndRestore(d, save_every_steps=2, dataset=fit["x"])])
+    cb = BackupAndRestore(d, save_every_steps=2, dataset=fit["x"])
+    model.fit(**fit, epochs=1, verbose=0, callbacks=[cb] + hetsync.callbacks.standard(opt))
+    assert cb.saves == 5 and not os.path.exists(d)  # 12 steps: saves before steps 3, 5, ..., 11; deleted at the end
