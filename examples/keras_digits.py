@@ -61,6 +61,13 @@ def parse_args(argv=None):
     p.add_argument("--partition", default="iid", help="training data split over ranks: iid (the protocol's own "
                    "order) or label-skew:K (non-IID: each rank holds the samples of K labels)")
     p.add_argument("--out", default="runs/latest", help="output folder")
+    p.add_argument("--backup-dir", default=None, metavar="DIR",
+                   help="checkpoint every rank's state into DIR (hetsync.callbacks.BackupAndRestore); relaunching "
+                        "the same command resumes from it; deleted when training completes")
+    p.add_argument("--backup-every-steps", type=int, default=None, metavar="N",
+                   help="with --backup-dir: save after every N-th step (default 50 unless --backup-every-s)")
+    p.add_argument("--backup-every-s", type=float, default=None, metavar="S",
+                   help="with --backup-dir: save at the first step boundary S seconds after the previous save")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--as-rank", type=int, default=None, metavar="R",
                    help="solo-speed measurement (one process, no launcher): train alone on rank R's data shard "
@@ -86,7 +93,8 @@ def parse_args(argv=None):
     return args, p
 
 
-def main(argv=None):
+def main(argv=None, extra_callbacks=()):
+    """Run the example; ``extra_callbacks`` (Keras callbacks) go last in the list (tests)."""
     args, parser = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", "1")))
@@ -102,6 +110,13 @@ def main(argv=None):
         slowdown = hetsync.callbacks.Slowdown(args.slowdown, seed=args.seed, rank=args.as_rank,
                                               world_size=args.as_world_size)
         ds = hetsync.data.load(args.dataset, args.data_dir, seed=args.seed)
+        if args.backup_dir is None and (args.backup_every_steps is not None or args.backup_every_s is not None):
+            raise ValueError("--backup-every-steps / --backup-every-s need --backup-dir")
+        backup_every = args.backup_every_steps
+        if args.backup_dir is not None and backup_every is None and args.backup_every_s is None:
+            backup_every = 50
+        backup = None if args.backup_dir is None else hetsync.callbacks.BackupAndRestore(  # hetsync
+            args.backup_dir, save_every_steps=backup_every, save_every_s=args.backup_every_s)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     if args.as_rank is not None:  # solo: this process stands for rank R of N, on R's shard
@@ -119,6 +134,10 @@ def main(argv=None):
     t0 = time.time()
     fit_data = hetsync.partition.local_fit_data(opt.hetsync_protocol, ds.x_train, ds.y_train, args.batch_size,
                                                 seed=args.seed, partition=args.partition)
+    if backup is not None:  # before standard(): it restores before the initial broadcast
+        backup.dataset, backup.metrics = fit_data["x"], metrics
+        callbacks.insert(1, backup)
+    callbacks += list(extra_callbacks)
     model.fit(**fit_data, epochs=args.epochs, callbacks=callbacks, verbose=1 if (rank == 0 and not args.quiet) else 0)
     wall = time.time() - t0
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from . import runtime, slowdown, transport
 from .protocols.wrapper import protocol_of
 
-__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "MetricAverage",
+__all__ = ["BackupAndRestore", "BroadcastInitialVariables", "ProtocolHooks", "Slowdown", "SyncMetrics", "TestAccuracy", "MetricAverage",
            "on_rank0", "standard"]
 
 log = logging.getLogger("hetsync")
@@ -49,6 +49,11 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
         self._optimizer_done = False
 
     def on_train_begin(self, logs=None):
+        self.model._hetsync_broadcast_done = True
+        if getattr(self.model, "_hetsync_restored", False):
+            # resumed by hetsync.checkpoint.BackupAndRestore: every rank restored its own replica
+            self._optimizer_done = True
+            return
         transport.broadcast_variables(self.model.variables, self.root_rank, name="hetsync_bcast_model")
         opt = self.model.optimizer
         if opt is not None and not opt.built and self.model.trainable_variables:
@@ -97,7 +102,12 @@ class ProtocolHooks(keras.callbacks.Callback):
                                  f"{self.protocol.display_name}), training stops")
 
     def on_train_end(self, logs=None):
+        self.model._hetsync_broadcast_done = False
         self.protocol.stop()
+        # then what must wait until every rank has stopped (hetsync.checkpoint.BackupAndRestore's deletion)
+        for fn in getattr(self.model, "_hetsync_after_train", []):
+            fn()
+        self.model._hetsync_after_train = []
 
 
 class Slowdown(keras.callbacks.Callback):
@@ -373,12 +383,44 @@ class SyncMetrics(keras.callbacks.Callback):
         self._optimizer = optimizer
         self.summary = {}
         self.per_rank = []
+        self._resume = None
+
+    def state(self):
+        """The running totals as a JSON-able dict (saved by :class:`hetsync.checkpoint.BackupAndRestore`).
+
+        Flushes and fsyncs ``rank{r}.jsonl`` first, so the step records up to the checkpoint survive a kill."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        return {"totals": dict(self._totals), "step": self._step, "wall_s": time.time() - self._t0}
+
+    def resume_from(self, state, epoch, step_in_epoch):
+        """Continue a checkpointed run (issue 15): at the next ``on_train_begin`` start from ``state``
+        (:meth:`state`), keep this rank's step records of the steps before it (later ones, run
+        after the checkpoint by the killed run, are dropped from ``rank{r}.jsonl``) and ignore the
+        batch indices below ``step_in_epoch`` of ``epoch`` (steps the resumed fit skips).
+
+        Args:
+            state: dict from :meth:`state`. epoch: int >= 0. step_in_epoch: int >= 0.
+        """
+        self._resume = (dict(state), int(epoch), int(step_in_epoch))
 
     def on_train_begin(self, logs=None):
         os.makedirs(self.log_dir, exist_ok=True)
         self.protocol = protocol_of(self._optimizer or self.model.optimizer)
         self.rank = runtime.rank()
-        self._file = open(os.path.join(self.log_dir, f"rank{self.rank}.jsonl"), "w")
+        path = os.path.join(self.log_dir, f"rank{self.rank}.jsonl")
+        kept = []
+        if self._resume is not None and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        break  # the killed run's last line, cut mid-write (after the checkpoint's fsync)
+                    if rec["step"] < self._resume[0]["step"]:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+        self._file = open(path, "w")
+        self._file.writelines(kept)
         self._writer = None
         if self.rank == 0:
             if importlib.util.find_spec("tensorboard") is None:
@@ -390,6 +432,10 @@ class SyncMetrics(keras.callbacks.Callback):
         self._t0 = time.time()
         self._step, self._epoch, self._epoch_steps = 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
+        if self._resume is not None:
+            state = self._resume[0]
+            self._totals.update(state["totals"])
+            self._step, self._t0 = int(state["step"]), self._t0 - float(state["wall_s"])
         # a parameter-server rank trains nothing (its fit serves, then runs one step that changes nothing)
         self._serves = bool(getattr(self.protocol, "serves", False))
         self._faults_seen = len(slowdown.fired_faults())
@@ -397,6 +443,8 @@ class SyncMetrics(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._epoch_steps = 0
+        if self._resume is not None and self._resume[1] == epoch:
+            self._epoch_steps = self._resume[2]  # batches below it are skipped by the resumed fit
 
     def on_epoch_end(self, epoch, logs=None):
         self._totals["samples"] += self.protocol.samples_per_epoch or 0
@@ -405,8 +453,8 @@ class SyncMetrics(keras.callbacks.Callback):
         self._tb = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._serves:
-            return
+        if self._serves or int(batch) < self._epoch_steps:
+            return  # (a step skipped by a resumed fit)
         now = time.time()
         rec = {"step": self._step, "epoch": self._epoch, "wall_s": now - self._t0,
                "step_ms": (now - self._tb) * 1e3}
@@ -440,6 +488,7 @@ class SyncMetrics(keras.callbacks.Callback):
                         tf.summary.scalar(k, rec[k])
 
     def on_train_end(self, logs=None):
+        self._resume = None
         self._file.close()
         if self._writer is not None:
             self._writer.flush()
@@ -603,3 +652,6 @@ def standard(optimizer, root_rank=0):
     """
     proto = protocol_of(optimizer)
     return [BroadcastInitialVariables(root_rank), ProtocolHooks(optimizer)] + list(proto.callbacks())
+
+
+from .checkpoint import BackupAndRestore  # noqa: E402  (issue 15; the module imports this one's dependencies)

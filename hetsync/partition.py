@@ -255,6 +255,9 @@ class BatchDataset(keras.utils.PyDataset):
     """Infinite PyDataset: item t is ``(x[sampler(t)], y[sampler(t)])``.
 
     Use with ``model.fit(..., steps_per_epoch=S)`` so that t is the global step across epochs.
+    :attr:`offset` shifts it: Keras' item i is global step ``i + offset`` (set by
+    :class:`hetsync.checkpoint.BackupAndRestore` on a resume, so the first batch read is the saved
+    global step's; 0 otherwise).
 
     Args:
         x: array [M, ...]. y: array [M]. sampler: callable int t -> int index array [b'].
@@ -263,13 +266,15 @@ class BatchDataset(keras.utils.PyDataset):
     def __init__(self, x, y, sampler):
         super().__init__()
         self.x, self.y, self.sampler = x, y, sampler
+        #: int >= 0, global steps already trained before this fit (issue 15, resume).
+        self.offset = 0
 
     @property
     def num_batches(self):
         return None
 
     def __getitem__(self, t):
-        idx = self.sampler(t)
+        idx = self.sampler(int(t) + self.offset)
         return self.x[idx], self.y[idx]
 
 
@@ -321,7 +326,7 @@ class InjectionDataset(BatchDataset):
         self.exchanges = self.unread_messages = self.dropped_sends = 0
 
     def __getitem__(self, t):
-        t = int(t)
+        t = int(t) + self.offset
         with self._lock:
             if t in self._cache:
                 return self._cache[t]

@@ -831,3 +831,43 @@ class Protocol:
             check = tf.debugging.Assert(tf.logical_not(bad), [self._nonfinite_message()])
         with tf.control_dependencies([check]):
             return scatter_gradients(grads, present, [tf.identity(g) for g in dense])
+
+    # -- checkpoint and resume (issue 15) ---------------------------------------------------------
+    def state(self):
+        """Return the protocol's resumable state as a JSON-serialisable dict (issue 15, checkpoints).
+
+        Default: every statistic variable (:meth:`add_stat`: counters such as ``syncs``,
+        ``sync_steps``, ``lssr``, ``bytes_sent``, ``overruns``) and every ``tf.Variable`` attribute
+        of the protocol (step counters, EWMA windows, clocks: local SGD's and FedAvg's global step,
+        which also fixes FedAvg's random draw; SelSync's window; RNA's and Hop's iteration), as
+        ``{"stats": {name: float}, "variables": {attr: {"dtype": str, "value": nested list}}}``.
+        Protocols with Python-side state (task allocation's allocation, RNA's controller RNG) add
+        it. Read eagerly between steps, by :class:`hetsync.checkpoint.BackupAndRestore`.
+        """
+        variables = {k: {"dtype": v.dtype.name, "value": np.asarray(v.numpy()).tolist()}
+                     for k, v in sorted(vars(self).items()) if isinstance(v, tf.Variable)}
+        return {"stats": self.step_stats(), "variables": variables}
+
+    def load_state(self, state):
+        """Restore :meth:`state`'s dict (eagerly, before the first step of a resumed fit).
+
+        Args:
+            state: dict from :meth:`state` of the same protocol and configuration.
+
+        Raises:
+            ValueError: a statistic or variable in ``state`` that this protocol does not have, or of
+                another shape (the message names it).
+        """
+        for name, value in state.get("stats", {}).items():
+            if name not in self._stats:
+                raise ValueError(f"{self.name}: the saved state has a statistic {name!r} this protocol does not have")
+            self._stats[name].assign(float(value))
+        for attr, saved in state.get("variables", {}).items():
+            var = getattr(self, attr, None)
+            if not isinstance(var, tf.Variable):
+                raise ValueError(f"{self.name}: the saved state has a variable {attr!r} this protocol does not have")
+            value = np.asarray(saved["value"], dtype=saved["dtype"])
+            if tuple(value.shape) != tuple(var.shape):
+                raise ValueError(f"{self.name}: saved variable {attr!r} has shape {value.shape}, the protocol's "
+                                 f"{tuple(var.shape)}")
+            var.assign(value)

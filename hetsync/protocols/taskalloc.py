@@ -40,6 +40,7 @@ the same number of steps per epoch, joins the same collectives, and sees the sam
 boundaries and callbacks, whatever its w_i.
 """
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -551,6 +552,27 @@ class TaskAllocationProtocol(Protocol):
         self._stats["sync_wait_total_ms"].assign_add(self._stats["sync_wait_ms"])
         return local_apply(out, variables)
 
+
+    def state(self):
+        """The base state plus the allocation (issue 15): ``weights`` w_i (ints), ``total``, the
+        per-epoch ``history``, ``stable``, the pending allocation and the stability count."""
+        out = super().state()
+        out["allocation"] = {
+            "weights": None if self.weights is None else [int(w) for w in self.weights], "total": self.total,
+            "history": json.loads(json.dumps(self.history, default=float)), "stable": bool(self.stable),
+            "pending": None if self._pending is None else [int(w) for w in self._pending],
+            "stable_count": int(self._stable_count)}
+        return out
+
+    def load_state(self, state):
+        """Restore :meth:`state` (the allocation included). Raises ValueError as the base does."""
+        super().load_state(state)
+        a = state.get("allocation")
+        if a is not None:
+            self.weights = None if a["weights"] is None else np.asarray(a["weights"], np.int64)
+            self.total, self.history, self.stable = a["total"], list(a["history"]), bool(a["stable"])
+            self._pending = None if a["pending"] is None else np.asarray(a["pending"], np.int64)
+            self._stable_count = int(a["stable_count"])
 
 class _TaskAllocationCallback(keras.callbacks.Callback):
     """Feeds each step's sample count m_i to the compiled step, times compute, runs the epoch exchange."""
