@@ -216,7 +216,7 @@ class PoolState:
                         continue
                     got = np.sort(got)
                     if len(got) != len(given) or not np.array_equal(got, given):
-                        mismatched += int(np.setxor1d(got, given).size + abs(len(got) - len(given)))
+                        mismatched += int(np.setxor1d(got, given).size)
                         unconfirmed += max(0, len(given) - len(got))
                 out["epochs"].append({
                     "epoch": epoch, "handed_out": int(e["count"].sum()),

@@ -251,12 +251,15 @@ class Protocol:
             raise ValueError(f"{self.name}: batch_size must be an int >= 1 (samples per rank per step), "
                              f"got {batch_size!r}")
         self.check_roles()
+        use_pool = getattr(self.cfg, "data_plan", "shard") == "pool"  # work conservation (issue 15): hetsync.pool
+        if use_pool:
+            transport.dispatcher()  # collective on first use: servers too
         if runtime.is_server():
             return self.server_fit_data(x, y, batch_size)
-        if getattr(self.cfg, "data_plan", "shard") == "pool":  # work conservation (issue 15): hetsync.pool
+        if use_pool:  # served by worker 0 (rank 0) to the workers 0 .. n - 1
             from .. import pool
 
-            return pool.fit_data(self, x, y, batch_size, seed=seed,
+            return pool.fit_data(self, x, y, batch_size, seed=seed, server=0, ranks=range(runtime.num_workers()),
                                  timeout_s=getattr(self.cfg, "timeout_s", pool.DEFAULT_TIMEOUT_S))
         rank = runtime.worker_rank()
         xs, ys = data.shard(x, y, rank, runtime.num_workers(), seed=seed)
