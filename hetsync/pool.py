@@ -40,6 +40,7 @@ gives, per epoch, ``handed_out`` (== N when the epoch completed), ``repeated``, 
 (never handed out, e.g. training stopped early) and ``unconfirmed`` (handed out but not confirmed
 by the rank that got it: lost). Protocols put it in ``summary_stats()["pool"]`` on the server rank.
 """
+import collections
 import threading
 import time
 import warnings
@@ -51,7 +52,8 @@ __all__ = ["PoolState", "PoolServer", "PoolClient", "PoolError", "epoch_order", 
 
 #: channel of requests (``("claim", epoch, seq)``, ``("confirm", epoch, indices)``) to the pool server.
 REQUEST = "pool.request"
-#: channel of the server's replies ``(epoch, seq, indices or None)``, tagged with ``seq``.
+#: channel of the server's replies ``(epoch, seq, indices or None, batches of the epoch handed out so far)``,
+#: tagged with ``seq``.
 REPLY = "pool.reply"
 #: the data plans a protocol with a ``data_plan`` field accepts.
 DATA_PLANS = ("pool", "shard")
@@ -119,7 +121,8 @@ class PoolState:
         if e is None:
             e = {"order": epoch_order(self.n, epoch, self.seed), "pos": 0, "count": np.zeros(self.n, np.int64),
                  "per_rank": dict.fromkeys(self.ranks, 0), "batches": dict.fromkeys(self.ranks, 0),
-                 "given": {r: [] for r in self.ranks}, "confirmed": {}}
+                 "given": {r: [] for r in self.ranks}, "confirmed": {},
+                 "handed_batches": 0}
             self._epochs[epoch] = e
         return e
 
@@ -159,7 +162,19 @@ class PoolState:
             e["per_rank"][rank] += len(idx)
             e["batches"][rank] += 1
             e["given"][rank].append(idx)
+            e["handed_batches"] += 1
             return idx
+
+    def handed_batches(self, epoch):
+        """Return the number of batches of epoch ``epoch`` handed out so far (int; the pool's global
+        progress, which schedules local SGD's and FedAvg's averaging rounds)."""
+        with self._lock:
+            return self._epoch(epoch)["handed_batches"]
+
+    @property
+    def batches_per_epoch(self):
+        """The number of batches B of every epoch (int): max(1, N // b) (the remainder joins the last)."""
+        return max(1, self.n // self.b)
 
     def confirm(self, rank, epoch, indices):
         """Record that rank ``rank`` received (and trained on) ``indices`` in epoch ``epoch``.
@@ -237,7 +252,7 @@ class PoolServer:
     Args:
         dispatcher: this rank's :class:`hetsync.transport.Dispatcher`. state: a :class:`PoolState`.
 
-    A request ``("claim", epoch, seq)`` is answered with ``(epoch, seq, indices or None)`` on
+    A request ``("claim", epoch, seq)`` is answered with ``(epoch, seq, indices or None, handed)`` on
     :data:`REPLY` (tag ``seq``); ``("confirm", epoch, indices)`` is recorded. Anything else is a
     :class:`PoolError`, which fails the receive thread (every waiter then sees it).
     """
@@ -251,7 +266,8 @@ class PoolServer:
         if kind == "claim":
             _, epoch, seq = message.obj
             idx = self.state.claim(message.source, int(epoch))
-            self.dispatcher.send(message.source, REPLY, (epoch, seq, idx), tag=seq)
+            progress = self.state.handed_batches(int(epoch))
+            self.dispatcher.send(message.source, REPLY, (epoch, seq, idx, progress), tag=seq)
         elif kind == "confirm":
             _, epoch, indices = message.obj
             self.state.confirm(message.source, int(epoch), indices)
@@ -273,6 +289,9 @@ class PoolClient:
     Attributes:
         epoch: int, the pool epoch this client draws from next (advances when it sees "empty").
         epochs: list of dicts ``{"epoch", "samples", "batches"}``, one per completed epoch.
+        progress: ``(epoch, batches handed out in it so far)`` from the latest reply (global progress,
+            over all ranks), ``(0, 0)`` before the first.
+        batches_per_epoch: int B, batches in every epoch (set by :func:`fit_data`), or None.
     """
 
     def __init__(self, dispatcher, server, timeout_s=DEFAULT_TIMEOUT_S):
@@ -280,6 +299,12 @@ class PoolClient:
             raise ValueError(f"PoolClient: timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.dispatcher, self.server, self.timeout_s = dispatcher, int(server), float(timeout_s)
         self.epoch, self._seq = 0, 0
+        self.progress = (0, 0)
+        self.batches_per_epoch = None
+        #: with ``track_progress`` True, the progress ``(epoch, handed)`` of every batch handed to Keras,
+        #: oldest first (Keras may pull a batch ahead: the consumer pops one per step it ran).
+        self.track_progress = False
+        self.batch_progress = collections.deque()
         self._received = []
         self.epochs = []
 
@@ -299,11 +324,14 @@ class PoolClient:
         except transport.TransportTimeout as exc:
             raise PoolError(f"rank {self.dispatcher.rank}: no batch from the pool server (rank {self.server}) for "
                             f"epoch {self.epoch} within {self.timeout_s:g} s: {exc}") from exc
-        epoch, _, idx = msg.obj
+        epoch, _, idx, handed = msg.obj
+        self.progress = (epoch, int(handed))
         if epoch != self.epoch:
             raise PoolError(f"rank {self.dispatcher.rank}: pool reply for epoch {epoch}, expected {self.epoch}")
         if idx is not None:
             self._received.append(idx)
+            if self.track_progress:
+                self.batch_progress.append(self.progress)
         return idx
 
     def end_epoch(self):
@@ -367,6 +395,7 @@ def fit_data(protocol, x, y, batch_size, seed=0, server=0, ranks=None, timeout_s
     state = PoolState(n, int(batch_size), ranks, seed=seed)
     protocol.pool_server = PoolServer(d, state) if d.rank == server else None
     client = PoolClient(d, server, timeout_s)
+    client.batches_per_epoch = state.batches_per_epoch
     protocol.pool = client
     protocol.batch_size = int(batch_size)
     protocol.samples_per_epoch = 0

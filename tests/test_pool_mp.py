@@ -60,3 +60,34 @@ def test_rna_fixed_shares_remain_available(tmp_path):
     assert "pool" not in s["stats"]
     steps = [r["steps"] for r in s["per_rank"]]
     assert steps[0] == steps[1] == EPOCHS * ((N_DIGITS // 2) // 32)  # equal fixed shares
+
+
+@pytest.mark.parametrize("protocol", ["asp", "shat", "shatroot", "ensemble", "ssp"])
+def test_parameter_server_workers_draw_from_the_pool(tmp_path, protocol):
+    """2 workers + 1 server: worker 0 serves the pool to workers 0 and 1; the server rank trains nothing."""
+    out, s = run_pool(tmp_path, protocol)
+    batches = check_pool(out, s, [0, 1])
+    assert [r["role"] for r in s["per_rank"]] == ["worker", "worker", "server"]
+    assert s["per_rank"][2]["samples"] == 0
+    if protocol != "ssp":  # SSP's gate keeps a fast worker within s iterations of the slow one
+        assert batches[1] < batches[0]
+    if protocol != "ensemble":  # every rank leaves fit holding the servers' model
+        assert s["weights_in_sync"]
+    assert s["final_test_accuracy"] > 0.7
+
+
+@pytest.mark.parametrize("protocol,args", [("localsgd", ["period=4"]), ("fedavg", ["syncs_per_epoch=4", "fraction=0.67"])])
+def test_periodic_averaging_joins_the_same_rounds_on_every_rank(tmp_path, protocol, args):
+    """Local SGD / FedAvg on the pool: rounds scheduled by the pool's global progress, so every rank
+    joins exactly sum_e R_e averaging rounds (the collectives match, the job ends) and after the last
+    round (after every rank's last step) all ranks hold the same model."""
+    extra = [a for kv in args for a in ("--protocol-arg", kv)]
+    out, s = run_pool(tmp_path, protocol, extra=extra)
+    batches = check_pool(out, s, [0, 1, 2])
+    b = N_DIGITS // 32  # 44 batches per epoch
+    expected = EPOCHS * (b // (4 * 3) if protocol == "localsgd" else 4)
+    assert s["stats"]["pool_rounds"] == expected  # rank 0's count; the others match or the job would hang
+    assert s["stats"]["syncs"] == expected
+    assert batches[1] < max(batches[0], batches[2])  # rounds are barriers: the slow rank still draws less
+    assert s["weights_in_sync"]
+    assert s["final_test_accuracy"] > 0.7
