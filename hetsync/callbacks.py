@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import os
+import threading
 import time
 
 import keras
@@ -99,6 +100,12 @@ class Slowdown(keras.callbacks.Callback):
     step of each ``fit`` (tracing and compilation) is neither slowed nor padded. ``netdelay:MS``
     sets :func:`hetsync.slowdown.sync_control` so every synchronization pays MS milliseconds.
 
+    Faults (``pause``, ``stall``, ``kill``; issue 15) hitting this rank are checked at each train batch
+    begin, before the step is stamped, against the seconds since this ``fit``'s train begin, and fire
+    once per process (:meth:`hetsync.slowdown.Fault.fire`, recorded in :attr:`faults`). A
+    parameter-server rank serves inside its train begin, so there ``pause`` and ``kill`` are armed on
+    a timer thread instead (``stall`` of a server rank is refused at train begin: ValueError).
+
     Put it *first* in the callback list so the stamped start time excludes other callbacks.
     Under a parameter-server protocol the draws are made over the n workers (``random:K``: probability
     1/n); the spec is still checked against the whole launch.
@@ -146,6 +153,25 @@ class Slowdown(keras.callbacks.Callback):
         self._first = True
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
         self._protocol = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
+        self._t0 = time.time()
+        self._faults = [f for f in self.scenario.faults(self.rank) if not f.fired()]
+        self._timers = []
+        if self._faults and self._own_world and runtime.is_server():
+            stalls = [f.spec for f in self._faults if f.kind == "stall"]
+            if stalls:
+                raise ValueError(f"Slowdown: {stalls} stall rank {self.rank}, a parameter server, whose training thread "
+                                 "is its server loop; use pause:RANK:AT_S:FOR_S to stop a server")
+            for f in self._faults:  # a server rank serves inside train begin: no batch begins to check at
+                timer = threading.Timer(f.at_s, f.fire, args=(f.at_s,))
+                timer.daemon = True
+                timer.start()
+                self._timers.append(timer)
+            self._faults = []
+
+    @property
+    def faults(self):
+        """The faults fired in this process so far (list of dicts, :func:`hetsync.slowdown.fired_faults`)."""
+        return slowdown.fired_faults()
 
     def device_ms(self, batch):
         """Emulated device time of step ``batch`` before the scenario's factor, in milliseconds:
@@ -160,6 +186,11 @@ class Slowdown(keras.callbacks.Callback):
         return float(ms) * float(samples) / float(b)
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self._faults:
+            elapsed = time.time() - self._t0
+            for f in [f for f in self._faults if elapsed >= f.at_s]:
+                self._faults.remove(f)
+                f.fire(elapsed)
         factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
         device_ms = self.device_ms(batch)
         if self._first:
@@ -171,6 +202,11 @@ class Slowdown(keras.callbacks.Callback):
         self._step.assign([time.time(), factor, extra_ms, device_ms])
 
     def on_train_end(self, logs=None):
+        for timer in getattr(self, "_timers", []):
+            timer.cancel()
+        for f in getattr(self, "_faults", []):
+            log.warning("hetsync: fault %s did not fire: this fit ended %.2f s after its train begin", f.spec,
+                        time.time() - self._t0)
         self._step.assign([0.0, 1.0, 0.0, 0.0])
         self._sync.assign([0.0, 1.0, 0.0])
 
@@ -298,7 +334,9 @@ class SyncMetrics(keras.callbacks.Callback):
     at most :data:`hetsync.slowdown.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
     more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard`` (when the ``tensorboard`` package is installed; else a warning). Samples are counted per
     completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
-    the data did not come from it). A parameter-server rank writes no step records (its row in
+    the data did not come from it). Faults fired in the process (:func:`hetsync.slowdown.fired_faults`)
+    appear as ``faults`` in the record of the step they hit, in the rank's ``per_rank`` row and, from every
+    rank, in the summary's ``faults``. A parameter-server rank writes no step records (its row in
     ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
@@ -339,6 +377,7 @@ class SyncMetrics(keras.callbacks.Callback):
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
         # a parameter-server rank trains nothing (its fit serves, then runs one step that changes nothing)
         self._serves = bool(getattr(self.protocol, "serves", False))
+        self._faults_seen = len(slowdown.fired_faults())
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -362,6 +401,9 @@ class SyncMetrics(keras.callbacks.Callback):
             except (TypeError, ValueError):
                 pass
         rec.update(self.protocol.step_stats())
+        faults = slowdown.fired_faults()
+        if len(faults) > self._faults_seen:  # fired at this step's begin (Slowdown)
+            rec["faults"], self._faults_seen = faults[self._faults_seen:], len(faults)
         # With steps_per_execution k > 1 Keras calls this once per k steps, with the last step's index.
         done = max(1, int(batch) + 1 - self._epoch_steps)
         self._epoch_steps = int(batch) + 1
@@ -391,6 +433,7 @@ class SyncMetrics(keras.callbacks.Callback):
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
         row = {k: float(t[k]) for k in self.TOTALS}
         row["role"] = "server" if self._serves else "worker"
+        row["faults"] = slowdown.fired_faults()
         gathered = transport.allgather_object(row, name="hetsync_metrics_totals")
         self.per_rank = [dict(row, rank=r) for r, row in enumerate(gathered)]
         for row in self.per_rank:
@@ -411,6 +454,7 @@ class SyncMetrics(keras.callbacks.Callback):
             "overrun_steps": overruns,
             "overrun_fraction": overruns / emulated if emulated else 0.0,
             "emulation_valid": (overruns <= slowdown.OVERRUN_WARN_FRACTION * emulated) if emulated else None,
+            "faults": [f for r in self.per_rank for f in r["faults"]],
         }
         if self.rank == 0 and emulated and overruns > slowdown.OVERRUN_WARN_FRACTION * emulated:
             log.warning("hetsync: %d of %d emulated steps (%.1f%%) overran their device time (per rank: %s): the "

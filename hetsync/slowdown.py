@@ -18,7 +18,23 @@ A scenario is a spec string, several joined with ``+``:
                            the listed ranks only, e.g. ``uniform:0:50@0,1+uniform:50:100@2-3`` (RNA's
                            mixed heterogeneity, section 8.1: half the ranks 0-50 ms, half 50-100 ms);
                            RANKS is a comma-separated list of ranks and ``A-B`` ranges
+``pause:RANK:AT_S:FOR_S``  fault: AT_S seconds after its train begin, rank RANK's whole process is
+                           stopped (SIGSTOP: every thread, as a paused VM or ``kill -STOP``) and
+                           continued (SIGCONT) FOR_S seconds later by a detached watcher process
+``stall:RANK:AT_S:FOR_S``  fault: at AT_S s only rank RANK's training thread sleeps FOR_S seconds;
+                           its background threads (point-to-point receiver, RNA's control thread,
+                           parameter-server threads) keep running: a stalled or preempted device
+``kill:RANK:AT_S``         fault: rank RANK's process kills itself (SIGKILL) AT_S seconds after its
+                           train begin: a dead peer
 =========================  ==========================================================================
+
+Faults (issue 15) are checked at each train batch begin of the named rank (a parameter-server
+rank, which serves inside its train begin, arms a timer instead; ``stall`` cannot target it), fire
+once per process (not again in a later ``fit``), are recorded (:func:`fired_faults`, the
+``faults`` of :class:`hetsync.callbacks.SyncMetrics`' summary and step records) and take no part
+in the per-step ``(factor, extra_ms)`` draws, so adding a fault leaves the seeded draws of the
+other parts unchanged. RANK is an int in [0, world size), AT_S >= 0 and FOR_S > 0 finite seconds;
+``@RANKS`` does not apply to faults (they name their rank).
 
 Without ``device``, "K times slower" means the step takes K times its measured compute time: the
 compiled delay op (:func:`hetsync.ops.delay`) holds the gradients back for (K - 1) x the compute
@@ -42,15 +58,24 @@ always part of the compiled step (with factor 1 and 0 ms it completes at once) a
 :class:`hetsync.callbacks.Slowdown` callback only assigns them.
 """
 import dataclasses
+import logging
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 
 __all__ = [
     "Scenario", "Component", "RandomSlowdown", "DeterministicSlowdown", "UniformDelay", "Speeds", "NetDelay",
-    "Device", "OnRanks", "parse_spec", "OVERRUN_WARN_FRACTION", "step_control", "sync_control",
+    "Device", "OnRanks", "Fault", "parse_spec", "fired_faults", "OVERRUN_WARN_FRACTION", "step_control",
+    "sync_control",
 ]
+
+log = logging.getLogger("hetsync")
 
 
 class Component:
@@ -188,6 +213,133 @@ class OnRanks(Component):
         return self.part.draw(rng, rank, world_size) if rank in self.ranks else (1.0, 0.0)
 
 
+#: the fault kinds and their number of arguments after the name
+FAULT_ARITY = {"pause": 3, "stall": 3, "kill": 2}
+
+# Watcher run as a separate process by a pause: waits until the paused process is really stopped
+# (/proc state T; at most 60 s, or at once where /proc is missing), sleeps FOR_S, then sends SIGCONT.
+_WATCHER = """
+import os, signal, sys, time
+pid, for_s = int(sys.argv[1]), float(sys.argv[2])
+def state():
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+end = time.monotonic() + 60.0
+while state() not in ('T', None) and time.monotonic() < end:
+    time.sleep(0.002)
+time.sleep(for_s)
+try:
+    os.kill(pid, signal.SIGCONT)
+except OSError:
+    pass
+"""
+
+_fired_lock = threading.Lock()
+_fired = []      # records of the faults fired in this process, in order
+_fired_keys = set()
+
+
+def fired_faults():
+    """The faults fired in this process so far (issue 15).
+
+    Returns:
+        list of dicts ``{"kind", "rank", "at_s", "for_s", "fired_at_s", "resumed_at_s"}`` (seconds;
+        ``fired_at_s`` and ``resumed_at_s`` count from the train begin of the ``fit`` that fired it;
+        ``for_s`` and ``resumed_at_s`` are None for ``kill``), copies.
+    """
+    with _fired_lock:
+        return [dict(r) for r in _fired]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault(Component):
+    """A fault (issue 15): ``pause:RANK:AT_S:FOR_S``, ``stall:RANK:AT_S:FOR_S`` or ``kill:RANK:AT_S``.
+
+    ``pause`` stops the whole process (SIGSTOP: all threads, the point-to-point receiver and protocol
+    threads too) for ``for_s`` seconds; a detached watcher process sends SIGCONT. ``stall`` sleeps the
+    calling (training) thread only, so background threads keep serving: a stalled device.
+    ``kill`` sends SIGKILL to the process itself (a dead peer; the launcher sees a rank killed by
+    signal 9). A fault takes no part in the per-step draw (``draw`` returns ``(1.0, 0.0)`` and
+    consumes nothing from the generator).
+
+    Attributes:
+        kind: str, ``"pause"``, ``"stall"`` or ``"kill"``. rank: int >= 0, the rank it hits.
+        at_s: float >= 0, seconds after that rank's train begin. for_s: float > 0 seconds (pause,
+            stall) or None (kill).
+    """
+
+    kind: str
+    rank: int
+    at_s: float
+    for_s: float = None
+
+    @property
+    def spec(self):
+        """The part's spec text, e.g. ``"pause:1:2:3"``."""
+        tail = "" if self.for_s is None else f":{self.for_s:g}"
+        return f"{self.kind}:{self.rank}:{self.at_s:g}{tail}"
+
+    def validate(self, world_size):
+        """Raises ValueError if ``rank`` is not in [0, world_size)."""
+        if not 0 <= self.rank < world_size:
+            raise ValueError(f"slowdown spec {self.spec}: RANK {self.rank} is not a rank of this launch; allowed: "
+                             f"0..{world_size - 1}")
+
+    def draw(self, rng, rank, world_size):
+        return 1.0, 0.0
+
+    def fired(self):
+        """Whether this fault already fired in this process (bool)."""
+        with _fired_lock:
+            return self in _fired_keys
+
+    def fire(self, elapsed_s):
+        """Inflict the fault on this process now, once per process (a second call does nothing).
+
+        Args:
+            elapsed_s: float seconds since the train begin, recorded as ``fired_at_s``.
+
+        Returns:
+            dict, the record (see :func:`fired_faults`), or None if it had fired already. ``kill`` does
+            not return.
+
+        Raises:
+            OSError: the pause watcher could not be started (the process is then not stopped).
+        """
+        with _fired_lock:
+            if self in _fired_keys:
+                return None
+            _fired_keys.add(self)
+            record = {"kind": self.kind, "rank": self.rank, "at_s": self.at_s, "for_s": self.for_s,
+                      "fired_at_s": float(elapsed_s), "resumed_at_s": None}
+            _fired.append(record)
+        msg = f"hetsync: fault {self.spec}: rank {self.rank} (pid {os.getpid()}) at {elapsed_s:.2f} s: "
+        if self.kind == "kill":
+            sys.stderr.write(f"{msg}SIGKILL to itself (unix time {time.time():.3f})\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60.0)  # not reached: SIGKILL cannot be caught
+        t = time.monotonic()
+        if self.kind == "pause":
+            log.warning("%sSIGSTOP for %g s", msg, self.for_s)
+            for h in logging.getLogger().handlers + log.handlers:
+                h.flush()
+            sys.stderr.flush()
+            sys.stdout.flush()
+            subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), repr(self.for_s)],
+                             start_new_session=True, stdin=subprocess.DEVNULL, close_fds=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            log.warning("%sthe training thread sleeps %g s", msg, self.for_s)
+            time.sleep(self.for_s)
+        with _fired_lock:
+            record["resumed_at_s"] = float(elapsed_s) + time.monotonic() - t
+            return dict(record)
+
+
 def _applies(c, rank):
     """The component acting on ``rank``: ``c`` itself, the inner part of an OnRanks that lists it, or None."""
     if isinstance(c, OnRanks):
@@ -199,20 +351,29 @@ def _applies(c, rank):
 OVERRUN_WARN_FRACTION = 0.01
 
 
-def _num(text, what, spec, minimum=None, integer=False):
+def _num(text, what, spec, minimum=None, integer=False, positive=False):
     try:
         value = int(text) if integer else float(text)
     except ValueError:
         kind = "an integer" if integer else "a number"
         raise ValueError(f"slowdown spec {spec!r}: {what} must be {kind}, got {text!r}") from None
-    if not math.isfinite(value) or (minimum is not None and value < minimum):
+    if not math.isfinite(value):
+        raise ValueError(f"slowdown spec {spec!r}: {what} must be a finite number, got {text!r}")
+    if minimum is not None and value < minimum:
         raise ValueError(f"slowdown spec {spec!r}: {what} must be >= {minimum}, got {text!r}")
+    if positive and not value > 0:
+        raise ValueError(f"slowdown spec {spec!r}: {what} must be > 0, got {text!r}")
     return value
 
 
 _USAGE = ("allowed: none, random:K, deterministic:RANK:K, uniform:A_MS:B_MS, speeds:S0,S1,..., "
-          "netdelay:MS, device:MS, joined with '+'; PART@RANKS (e.g. uniform:0:50@0,1 or @2-3) restricts "
+          "netdelay:MS, device:MS, faults pause:RANK:AT_S:FOR_S, stall:RANK:AT_S:FOR_S, kill:RANK:AT_S, joined "
+          "with '+'; PART@RANKS (e.g. uniform:0:50@0,1 or @2-3) restricts "
           "random, deterministic, uniform or speeds to some ranks")
+
+
+#: ranks named after ``@`` must be below this (a guard against expanding ``0-10000000000`` into a list).
+MAX_RANKS = 1 << 20
 
 
 def _parse_ranks(text, part):
@@ -229,6 +390,9 @@ def _parse_ranks(text, part):
                              f"commas, got {item!r}") from None
         if a < 0 or b < a:
             raise ValueError(f"slowdown spec {part!r}: bad rank range {item!r} (need 0 <= A <= B)")
+        if b >= MAX_RANKS:
+            raise ValueError(f"slowdown spec {part!r}: rank {b} in {item!r} is too large (allowed: ranks below "
+                             f"{MAX_RANKS})")
         ranks.extend(range(a, b + 1))
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"slowdown spec {part!r}: a rank is listed twice after '@'")
@@ -238,19 +402,32 @@ def _parse_ranks(text, part):
 def _parse_one(part):
     if "@" in part:
         inner, _, ranks = part.rpartition("@")
-        component = _parse_one(inner.strip())
+        if not inner.strip():
+            raise ValueError(f"slowdown spec {part!r}: nothing before '@'; {_USAGE}")
+        try:
+            component = _parse_one(inner.strip())
+        except ValueError as exc:
+            raise ValueError(f"in slowdown spec part {part!r}: {exc}") from None
+        if isinstance(component, Fault):
+            raise ValueError(f"slowdown spec {part!r}: a fault names its rank itself ({component.kind}:RANK:...); "
+                             f"'@RANKS' is not allowed on faults (give one fault part per rank)")
         if isinstance(component, (Device, NetDelay, OnRanks)):
             raise ValueError(f"slowdown spec {part!r}: only random, deterministic, uniform and speeds can be "
                              f"restricted to ranks with '@' (device and netdelay act on the whole launch)")
         return OnRanks(component, _parse_ranks(ranks, part))
     name, _, rest = part.partition(":")
     args = rest.split(":") if rest else []
-    arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1, "device": 1}
+    arity = {"random": 1, "deterministic": 2, "uniform": 2, "speeds": 1, "netdelay": 1, "device": 1, **FAULT_ARITY}
     if name not in arity:
         raise ValueError(f"unknown slowdown scenario {name!r} in {part!r}; {_USAGE}")
     if len(args) != arity[name]:
         raise ValueError(f"slowdown spec {part!r} takes {arity[name]} argument(s) after '{name}:', "
                          f"got {len(args)}; {_USAGE}")
+    if name in FAULT_ARITY:
+        rank = _num(args[0], "RANK", part, minimum=0, integer=True)
+        at_s = _num(args[1], "AT_S (seconds after train begin)", part, minimum=0)
+        for_s = _num(args[2], "FOR_S (seconds)", part, positive=True) if name != "kill" else None
+        return Fault(name, rank, at_s, for_s)
     if name == "random":
         return RandomSlowdown(_num(args[0], "K", part, minimum=1))
     if name == "deterministic":
@@ -325,11 +502,15 @@ class Scenario:
         """Extra latency in milliseconds added to every synchronization (sum of ``netdelay`` parts)."""
         return float(sum(c.ms for c in self.components if isinstance(c, NetDelay)))
 
+    def faults(self, rank=None):
+        """The fault parts (tuple of :class:`Fault`), all or only those hitting ``rank`` (int)."""
+        return tuple(c for c in self.components if isinstance(c, Fault) and (rank is None or c.rank == rank))
+
     def validate(self, world_size):
         """Check the scenario against the world size.
 
         Raises:
-            ValueError: a ``deterministic`` rank outside [0, world_size) or a ``speeds`` list whose
+            ValueError: a ``deterministic`` or fault rank outside [0, world_size) or a ``speeds`` list whose
                 length differs from world_size.
         """
         if sum(isinstance(c, Device) for c in self.components) > 1:

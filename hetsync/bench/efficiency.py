@@ -292,7 +292,8 @@ def bsp_expected_efficiency_emulated(spec, world_size, batch_size, steps=20000, 
 
 
 def solo_spec(spec):
-    """Return the scenario a lone rank runs under: ``spec`` without its ``netdelay`` parts.
+    """Return the scenario a lone rank runs under: ``spec`` without its ``netdelay`` and fault (``pause``,
+    ``stall``, ``kill``) parts: a solo speed is measured without them.
 
     Args:
         spec: str slowdown spec (see :func:`hetsync.slowdown.parse_spec`).
@@ -307,7 +308,7 @@ def solo_spec(spec):
     if scenario.spec == "none":
         return "none"
     parts = [p.strip() for p in scenario.spec.split("+")]
-    kept = [p for p, c in zip(parts, scenario.components) if not isinstance(c, _slowdown.NetDelay)]
+    kept = [p for p, c in zip(parts, scenario.components) if not isinstance(c, (_slowdown.NetDelay, _slowdown.Fault))]
     return "+".join(kept) if kept else "none"
 
 

@@ -72,10 +72,13 @@ def check_number(owner, label, value, none=None, allow_inf=False, **meta):
     Raises:
         ValueError: as :func:`check_int`.
     """
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value)
-            or (math.isinf(value) and not allow_inf) or not _in_range(value, **_bounds(meta))):
+    try:  # float() of an int beyond the float range overflows (issue 15: found by the property tests)
+        x = None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+    except (OverflowError, ValueError, TypeError):
+        x = None
+    if x is None or math.isnan(x) or (math.isinf(x) and not allow_inf) or not _in_range(x, **_bounds(meta)):
         _fail(owner, label, _what("a number", meta), value, none)
-    return float(value)
+    return x
 
 
 def check_bool(owner, label, value, none=None, **meta):

@@ -134,7 +134,7 @@ class ProtocolConfig:
                 if not isinstance(value, (list, tuple)):
                     raise ValueError
                 return list(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval("{[1]}"): TypeError
             kind = {bool: "True or False", int: "an integer", float: "a number"}.get(hint, "a list such as [1, 2]")
             raise ValueError(f"protocol {cls.owner} argument {key} must be {kind}, got {text!r}") from None
         return text

@@ -116,9 +116,10 @@ class HopConfig(ProtocolConfig):
         if self.staleness is not None and self.backup_workers:
             raise ValueError(f"Hop: give either backup_workers (={self.backup_workers}) or staleness "
                              f"(={self.staleness}), not both (the hybrid is not implemented)")
-        spec = self.graph.strip()
-        if spec not in hop_graph.NAMED and not spec.startswith(("gateway:", "chain:", "edges:")):
-            raise ValueError(f"Hop: unknown graph {self.graph!r}; use one of {hop_graph.named_graph_names()}")
+        try:
+            hop_graph.check_syntax(self.graph)
+        except ValueError as exc:
+            raise ValueError(f"Hop: {exc}") from None
 
 
 def staleness_weights(iters, found, k, s):

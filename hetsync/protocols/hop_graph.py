@@ -162,6 +162,37 @@ def _sizes(text, n, name):
 _EDGE = re.compile(r"^\s*(\d+)\s*([->])\s*(\d+)\s*$")
 
 
+def check_syntax(spec):
+    """Check a graph spec's form without the world size (configuration time, issue 15): a known name,
+    ``gateway:``/``chain:`` with positive integer machine sizes, or ``edges:`` whose edges look like ``0-1``
+    or ``0>1`` and are no self-loops. :func:`build` checks the rest against the world size.
+
+    Args:
+        spec: str.
+
+    Raises:
+        ValueError: a malformed spec (the message names it and the bad piece).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"Hop graph must be a non-empty str ({named_graph_names()}), got {spec!r}")
+    spec = spec.strip()
+    if spec.startswith(("gateway:", "chain:")):
+        sizes = spec.partition(":")[2].split(",")
+        if not all(re.fullmatch(r"\s*0*[1-9]\d{0,8}\s*", t) for t in sizes):  # ints in [1, 1e9)
+            raise ValueError(f"Hop graph {spec!r}: machine sizes must be integers >= 1 such as "
+                             f"{spec.split(':')[0]}:4,2,2")
+    elif spec.startswith("edges:"):
+        for part in spec[6:].split(","):
+            m = _EDGE.match(part)
+            if part.strip() and not m:
+                raise ValueError(f"Hop graph {spec!r}: edge {part.strip()!r} must look like 0-1 (both ways) or 0>1 "
+                                 "(0 sends to 1)")
+            if m and m.group(1) == m.group(3):
+                raise ValueError(f"Hop graph {spec!r}: edge {part.strip()!r} is a self-loop; self-loops are implicit")
+    elif spec not in NAMED:
+        raise ValueError(f"unknown graph {spec!r}; use one of {named_graph_names()}")
+
+
 def build(spec, n):
     """Build the graph named ``spec`` on ``n`` workers.
 

@@ -37,9 +37,10 @@ class NotifyAckConfig(ProtocolConfig):
                                     "ranks at the end.", gt=0, unit="seconds")
 
     def validate(self):
-        spec = self.graph.strip()
-        if spec not in hop_graph.NAMED and not spec.startswith(("gateway:", "chain:", "edges:")):
-            raise ValueError(f"NotifyAck: unknown graph {self.graph!r}; use one of {hop_graph.named_graph_names()}")
+        try:
+            hop_graph.check_syntax(self.graph)
+        except ValueError as exc:
+            raise ValueError(f"NotifyAck: {exc}") from None
 
 
 class NotifyAckProtocol(HopProtocol):

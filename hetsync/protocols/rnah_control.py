@@ -160,7 +160,7 @@ def parse_groups(text):
         return text
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval("{[1]}"): TypeError
         raise ValueError(f"protocol HierarchicalRNA argument groups must be auto or a list of lists of ranks "
                          f"such as [[0,1],[2,3]], got {text!r}") from None
     return value

@@ -1,0 +1,132 @@
+"""Fault injection in the scenario language (issue 15): pause, stall and kill parts, parsed and real runs."""
+import os
+
+import pytest
+
+from conftest import launch, read_json, read_jsonl
+from hetsync import slowdown as sd
+
+DIGITS = "examples/keras_digits.py"
+
+
+def test_parses_faults():
+    s = sd.parse_spec("pause:1:2:3 + stall:0:1.5:0.25 + kill:2:0 + random:6")
+    assert s.components == (sd.Fault("pause", 1, 2.0, 3.0), sd.Fault("stall", 0, 1.5, 0.25), sd.Fault("kill", 2, 0.0),
+                            sd.RandomSlowdown(6.0))
+    assert s.faults(1) == (sd.Fault("pause", 1, 2.0, 3.0),)
+    assert s.faults(3) == ()
+    assert [f.spec for f in s.faults()] == ["pause:1:2:3", "stall:0:1.5:0.25", "kill:2:0"]
+    s.validate(3)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("pause:1:2", "takes 3 argument"),
+    ("stall:1:2:3:4", "takes 3 argument"),
+    ("kill:1:2:3", "takes 2 argument"),
+    ("pause:-1:2:3", "RANK must be >= 0, got '-1'"),
+    ("pause:1.5:2:3", "RANK must be an integer, got '1.5'"),
+    ("kill:x:2", "RANK must be an integer, got 'x'"),
+    ("pause:1:-2:3", r"AT_S \(seconds after train begin\) must be >= 0, got '-2'"),
+    ("stall:1:nan:3", "AT_S .* must be a finite number, got 'nan'"),
+    ("kill:0:inf", "AT_S .* must be a finite number, got 'inf'"),
+    ("pause:1:2:0", r"FOR_S \(seconds\) must be > 0, got '0'"),
+    ("stall:1:2:-1", "FOR_S .* must be > 0, got '-1'"),
+    ("pause:1:2:inf", "FOR_S .* must be a finite number, got 'inf'"),
+    ("pause:1:2:", "FOR_S .* must be a number, got ''"),
+    ("pause:1:2:3@0,1", "'@RANKS' is not allowed on faults"),
+    ("kill:0:1+", "empty part"),
+])
+def test_bad_faults_name_the_problem(spec, message):
+    with pytest.raises(ValueError, match=message):
+        sd.parse_spec(spec)
+
+
+def test_fault_rank_must_be_in_the_world():
+    with pytest.raises(ValueError, match="kill:2:1: RANK 2 is not a rank of this launch; allowed: 0..1"):
+        sd.parse_spec("random:2+kill:2:1").validate(2)
+    sd.parse_spec("kill:1:1").validate(2)
+
+
+def test_faults_leave_the_seeded_draws_unchanged():
+    plain = sd.parse_spec("random:6+uniform:0:50")
+    faulty = sd.parse_spec("pause:0:1:1+random:6+kill:1:3+uniform:0:50+stall:0:1:2")
+    for rank in (0, 1):
+        a, b = plain.rng(5, rank), faulty.rng(5, rank)
+        assert [plain.draw(a, rank, 2) for _ in range(200)] == [faulty.draw(b, rank, 2) for _ in range(200)]
+    assert faulty.expected_factor(0, 2) == plain.expected_factor(0, 2)
+
+
+def test_solo_speed_measurements_run_without_the_faults():
+    from hetsync.bench import efficiency
+
+    assert efficiency.solo_spec("device:25+pause:1:2:3+random:6+kill:0:1+stall:1:1:1") == "device:25+random:6"
+    assert efficiency.solo_spec("kill:0:1") == "none"
+
+
+def test_a_fault_fires_once_per_process(monkeypatch):
+    monkeypatch.setattr(sd, "_fired", [])
+    monkeypatch.setattr(sd, "_fired_keys", set())
+    f = sd.Fault("stall", 0, 0.0, 0.01)
+    assert not f.fired()
+    record = f.fire(1.5)
+    assert record["kind"] == "stall" and record["fired_at_s"] == 1.5 and record["resumed_at_s"] >= 1.5 + 0.01
+    assert f.fired()
+    assert f.fire(2.0) is None
+    assert [r["fired_at_s"] for r in sd.fired_faults()] == [1.5]
+
+
+def _digits_run(tmp_path, spec, check=True):
+    out = str(tmp_path / "out")
+    # device:25 fixes a step to 25 ms of wall time, so 8 epochs (22 steps each) outlast the fault at 2 s
+    proc = launch(2, [DIGITS, "--protocol", "bsp", "--epochs", "8", "--quiet", "--slowdown", f"device:25+{spec}",
+                      "--out", out], timeout=240, check=check)
+    return proc, out
+
+
+@pytest.mark.parametrize("kind", ["pause", "stall"])
+def test_pause_and_stall_fire_and_the_run_completes(tmp_path, kind):
+    proc, out = _digits_run(tmp_path, f"{kind}:1:2:3")
+    summary = read_json(os.path.join(out, "summary.json"))
+    assert len(summary["faults"]) == 1
+    fault = summary["faults"][0]
+    assert (fault["kind"], fault["rank"], fault["at_s"], fault["for_s"]) == (kind, 1, 2.0, 3.0)
+    assert fault["fired_at_s"] >= 2.0 and fault["resumed_at_s"] >= fault["fired_at_s"] + 3.0
+    assert [r["faults"] for r in summary["per_rank"]] == [[], [fault]]
+    # the step the fault hit carries it in rank 1's records; rank 0's carry none
+    hit = [r for r in read_jsonl(os.path.join(out, "rank1.jsonl")) if "faults" in r]
+    assert len(hit) == 1 and hit[0]["faults"] == [fault]
+    assert not any("faults" in r for r in read_jsonl(os.path.join(out, "rank0.jsonl")))
+    # the run completed: every rank did all its steps and BSP kept the ranks in sync
+    assert summary["steps"] == 8 * 22 and [r["steps"] for r in summary["per_rank"]] == [176, 176]
+    assert summary["weights_in_sync"]
+    assert f"fault {kind}:1:2:3: rank 1" in proc.stderr + proc.stdout
+
+
+def test_kill_ends_the_job_with_a_non_zero_status(tmp_path):
+    proc, out = _digits_run(tmp_path, "kill:1:2", check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "fault kill:1:2: rank 1" in output
+    assert "process rank 1" in output and "signal 9" in output
+    assert not os.path.exists(os.path.join(out, "summary.json"))
+
+
+def test_a_paused_parameter_server_resumes_and_the_run_completes(tmp_path):
+    # a server rank serves inside its train begin, so its pause is armed on a timer (hetsync.callbacks.Slowdown)
+    out = str(tmp_path / "out")
+    launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--epochs", "4", "--quiet",
+               "--slowdown", "device:25+pause:2:1:2", "--out", out], timeout=240)
+    summary = read_json(os.path.join(out, "summary.json"))
+    fault, = summary["faults"]
+    assert (fault["kind"], fault["rank"], fault["at_s"], fault["for_s"]) == ("pause", 2, 1.0, 2.0)
+    assert fault["resumed_at_s"] >= 3.0
+    assert [r["role"] for r in summary["per_rank"]] == ["worker", "worker", "server"]
+    assert [len(r["faults"]) for r in summary["per_rank"]] == [0, 0, 1]
+    assert [r["steps"] for r in summary["per_rank"]] == [4 * 22, 4 * 22, 0]
+
+
+def test_a_stall_of_a_parameter_server_is_refused(tmp_path):
+    proc = launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--epochs", "1", "--quiet",
+                      "--slowdown", "stall:2:1:2", "--out", str(tmp_path / "out")], timeout=240, check=False)
+    assert proc.returncode != 0
+    assert "['stall:2:1:2'] stall rank 2, a parameter server" in proc.stdout + proc.stderr
