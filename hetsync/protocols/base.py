@@ -171,6 +171,8 @@ class Protocol:
         #: the run's per-rank batch size b (int samples), set by :meth:`fit_data`: the reference of
         #: the emulated device (``device:MS`` costs MS milliseconds per b samples). None if unknown.
         self.batch_size = None
+        #: the sample pool's client and server (:mod:`hetsync.pool`), set by ``fit_data`` under ``data_plan="pool"``.
+        self.pool = self.pool_server = None
 
     # -- life cycle ---------------------------------------------------------------------------
     def attach(self, optimizer):
@@ -316,7 +318,9 @@ class Protocol:
         on a few samples with the full learning rate: with the example CNN on digits (7 samples
         left per rank) test accuracy fell from 0.68 to 0.28 after that step, epoch after epoch.
         Protocols with their own data order or per-rank workloads (task allocation, SelSync's
-        SelDP) override this.
+        SelDP) override this. A protocol whose config has ``data_plan="pool"`` (RNA's default)
+        draws its batches from the epoch's sample pool instead (:func:`hetsync.pool.fit_data`:
+        faster ranks take more batches, every sample once per epoch, no ``steps_per_epoch``).
 
         Args:
             x: array [N, ...] (all training inputs). y: int array [N]. batch_size: int samples per
@@ -335,8 +339,16 @@ class Protocol:
             raise ValueError(f"{self.name}: batch_size must be an int >= 1 (samples per rank per step), "
                              f"got {batch_size!r}")
         self.check_roles()
+        use_pool = getattr(self.cfg, "data_plan", "shard") == "pool"  # work conservation (issue 15): hetsync.pool
+        if use_pool:
+            transport.dispatcher()  # collective on first use: servers too
         if runtime.is_server():
             return self.server_fit_data(x, y, batch_size)
+        if use_pool:  # served by worker 0 (rank 0) to the workers 0 .. n - 1
+            from .. import pool
+
+            return pool.fit_data(self, x, y, batch_size, seed=seed, server=0, ranks=range(runtime.num_workers()),
+                                 timeout_s=getattr(self.cfg, "timeout_s", pool.DEFAULT_TIMEOUT_S))
         rank = runtime.worker_rank()
         xs, ys = data.shard(x, y, rank, runtime.num_workers(), seed=seed)
         sampler = partition.LocalSampler(np.arange(len(xs)), int(batch_size), seed=seed, rank=rank)
@@ -747,8 +759,12 @@ class Protocol:
     def summary_stats(self):
         """Return a JSON-serialisable dict of end-of-run statistics (default: ``syncs``, and the
         end-of-training average's figures if it ran)."""
+        from .. import pool
+
         out = {"syncs": int(self._stats["syncs"].numpy())} if self._stats else {}
         out.update(self._final)
+        if getattr(self, "pool", None) is not None:
+            out["pool"] = pool.summary(self)
         return out
 
     def config(self):

@@ -12,6 +12,7 @@ import dataclasses
 import typing
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from .. import runtime
@@ -37,6 +38,11 @@ class FedAvgConfig(ProtocolConfig):
         False, "bool, average the parameters of all ranks once when training ends "
                "(:meth:`hetsync.protocols.base.Protocol.average_at_train_end`). Off by default: with an integer "
                "``syncs_per_epoch`` the last step already averages and every rank adopts the average.")
+    data_plan: typing.Literal["pool", "shard"] = param(
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+                "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
+                "once per epoch; the aggregations are scheduled by the pool's global progress, "
+                ":mod:`hetsync.protocols.periodic`) or ``\"shard\"`` (a fixed equal share per rank).")
 
 
 class FedAvgProtocol(PeriodicAveragingProtocol):
@@ -55,8 +61,23 @@ class FedAvgProtocol(PeriodicAveragingProtocol):
             self._steps_per_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_fedavg_spe")
 
     def callbacks(self):
-        """FedAvg's callback reading the steps per epoch at train begin."""
-        return [_StepsPerEpoch(self)]
+        """FedAvg's callback reading the steps per epoch at train begin (fixed shares), and the pool's
+        rounds (:class:`hetsync.protocols.periodic.PoolRounds`)."""
+        return [_StepsPerEpoch(self)] + super().callbacks()
+
+    def pool_rounds(self, epoch, batches, ranks):
+        """Aggregations in pool epoch e: floor((e + 1) s) - floor(e s) (s = syncs_per_epoch)."""
+        s = self.cfg.syncs_per_epoch
+        return int(np.floor((epoch + 1) * s + 1e-9) - np.floor(epoch * s + 1e-9))
+
+    def round_participation(self, round_id):
+        """This rank's weight (float32 0/1 tensor) in pool round ``round_id`` (1-based), drawn as in
+        :meth:`participation` (same seed, same draw on every rank), or None if all take part."""
+        if self.participants >= runtime.size():
+            return None
+        keys = tf.random.stateless_uniform([runtime.size()], seed=tf.constant([self.cfg.seed, int(round_id)], tf.int64))
+        chosen = tf.argsort(keys)[: self.participants]
+        return tf.cast(tf.reduce_any(tf.equal(chosen, runtime.rank())), tf.float32)
 
     def summary_stats(self):
         """:meth:`hetsync.protocols.periodic.PeriodicAveragingProtocol.summary_stats` and ``participants``."""
@@ -98,6 +119,8 @@ class _StepsPerEpoch(keras.callbacks.Callback):
         self.protocol = protocol
 
     def on_train_begin(self, logs=None):
+        if self.protocol.pool is not None:  # on the pool the rounds follow the pool's progress (PoolRounds)
+            return
         steps = self.params.get("steps")
         if not steps:
             raise ValueError("FedAvg needs a known number of steps per epoch (model.fit with sized data or "

@@ -28,6 +28,12 @@ class LocalSGDConfig(ProtocolConfig):
         True, "bool, average the parameters once when training ends "
               "(:meth:`hetsync.protocols.base.Protocol.average_at_train_end`), so every rank holds the same final "
               "model even if the last step was local.")
+    data_plan: typing.Literal["pool", "shard"] = param(
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+                "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
+                "once per epoch; the epoch's floor(B / (H n)) averaging rounds (B = N // b batches, n ranks) are "
+                "scheduled by the pool's global progress, :mod:`hetsync.protocols.periodic`) or ``\"shard\"`` (a "
+                "fixed equal share per rank, an average after every H-th local step).")
 
 
 class LocalSGDProtocol(PeriodicAveragingProtocol):
@@ -40,6 +46,11 @@ class LocalSGDProtocol(PeriodicAveragingProtocol):
     def should_sync(self, step):
         """True after steps H, 2H, ... (``step`` 0-based)."""
         return tf.equal((step + 1) % self.cfg.period, 0)
+
+    def pool_rounds(self, epoch, batches, ranks):
+        """Rounds per pool epoch: floor(B / (H n)) for B batches and n ranks (the same mean number of local
+        steps between averages as the fixed shares' H)."""
+        return int(batches) // (self.cfg.period * int(ranks))
 
 
 LocalSGD = protocol_wrapper(LocalSGDProtocol, """Wrap a Keras 3 optimizer for local SGD with periodic parameter averaging.

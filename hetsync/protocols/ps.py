@@ -63,6 +63,11 @@ class PSConfig(ProtocolConfig):
     timeout_s: float = param(120.0, "float seconds (> 0): the longest a worker waits for a server's reply and a "
                                     "server waits for a message from an unfinished worker before a clear error.",
                              gt=0, unit="seconds")
+    data_plan: typing.Literal["pool", "shard"] = param(
+        "pool", "str, how ``fit_data`` feeds the workers: ``\"pool\"`` (default; work conservation, issue 15: each "
+                "epoch is a pool of the N samples served by worker 0, faster workers draw more batches, every sample "
+                "once per epoch, :mod:`hetsync.pool`; under SSP the gate still holds a fast worker within s "
+                "iterations of the slowest unfinished one) or ``\"shard\"`` (a fixed equal share per worker).")
 
 
 class PSProtocol(Protocol):
@@ -370,7 +375,14 @@ class PSProtocol(Protocol):
         per worker (mean, histogram, clips), the counter conservation check, per-server and per-worker
         details (SSP: the gate's largest lead, held replies and the staleness histogram: iteration started minus
         the slowest clock, per reply, summed over servers)."""
-        return dict(self._summary) if self._summary else super().summary_stats()
+        if not self._summary:
+            return super().summary_stats()
+        out = dict(self._summary)
+        if self.pool is not None:
+            from .. import pool
+
+            out["pool"] = pool.summary(self)
+        return out
 
 
 class PSCallback(keras.callbacks.Callback):

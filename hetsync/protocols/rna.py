@@ -101,6 +101,10 @@ class RNAConfig(ProtocolConfig):
     poll_ms: float = param(1.0, "float milliseconds (> 0): the communication thread's idle wait.", gt=0,
                            unit="milliseconds")
     seed: int = param(0, "int >= 0, seed of the controller's probe choices.", ge=0)
+    data_plan: typing.Literal["pool", "shard"] = param(
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+                "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
+                "once per epoch, :mod:`hetsync.pool`) or ``\"shard\"`` (a fixed equal share per rank).")
 
 
 class RNAProtocol(Protocol):
@@ -421,7 +425,14 @@ class RNAProtocol(Protocol):
     def summary_stats(self):
         """End-of-run statistics (see the README's RNA section): rounds, contributors, initiators,
         probe response times, staleness histogram, dropped/undrained gradients, drift, per-rank totals."""
-        return dict(self._summary) if self._summary else super().summary_stats()
+        if not self._summary:
+            return super().summary_stats()
+        out = dict(self._summary)
+        if self.pool is not None:
+            from .. import pool
+
+            out["pool"] = pool.summary(self)
+        return out
 
 
 RNA = protocol_wrapper(RNAProtocol, """Wrap a Keras 3 optimizer for RNA: randomized non-blocking partial allreduce (RNA sections 3, 6).
