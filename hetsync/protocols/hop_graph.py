@@ -175,22 +175,22 @@ def check_syntax(spec):
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"Hop graph must be a non-empty str ({named_graph_names()}), got {spec!r}")
-    spec = spec.strip()
+    given, spec = spec, spec.strip()  # messages quote the spec as given
     if spec.startswith(("gateway:", "chain:")):
         sizes = spec.partition(":")[2].split(",")
         if not all(re.fullmatch(r"\s*0*[1-9]\d{0,8}\s*", t) for t in sizes):  # ints in [1, 1e9)
-            raise ValueError(f"Hop graph {spec!r}: machine sizes must be integers >= 1 such as "
+            raise ValueError(f"Hop graph {given!r}: machine sizes must be integers >= 1 such as "
                              f"{spec.split(':')[0]}:4,2,2")
     elif spec.startswith("edges:"):
         for part in spec[6:].split(","):
             m = _EDGE.match(part)
             if part.strip() and not m:
-                raise ValueError(f"Hop graph {spec!r}: edge {part.strip()!r} must look like 0-1 (both ways) or 0>1 "
+                raise ValueError(f"Hop graph {given!r}: edge {part.strip()!r} must look like 0-1 (both ways) or 0>1 "
                                  "(0 sends to 1)")
             if m and m.group(1) == m.group(3):
-                raise ValueError(f"Hop graph {spec!r}: edge {part.strip()!r} is a self-loop; self-loops are implicit")
+                raise ValueError(f"Hop graph {given!r}: edge {part.strip()!r} is a self-loop; self-loops are implicit")
     elif spec not in NAMED:
-        raise ValueError(f"unknown graph {spec!r}; use one of {named_graph_names()}")
+        raise ValueError(f"unknown graph {given!r}; use one of {named_graph_names()}")
 
 
 def build(spec, n):
