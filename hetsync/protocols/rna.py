@@ -23,7 +23,9 @@ How one rank works
   mostly cancel it). Consequence: the base learning rate is then a *per-rank* rate, i.e. about
   gamma_BSP / n if gamma_BSP is the rate that works for BSP's averaged gradient on n ranks; a local
   step (no fresh result) uses gamma itself. With ``scale_lr=False`` (default) every applied
-  gradient, averaged or local, uses the optimizer's rate unchanged, so the same rate as BSP works.
+  gradient, averaged or local, uses the optimizer's rate unchanged: a rate set as horovod's
+  "lr x world size" then drives every local step too (n times a single worker's rate on b samples),
+  which diverged in issue 15's report; use ``scale_lr=True`` with the single-worker rate instead.
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
   drift apart like a random walk. The communication thread measures the drift, the largest L2
