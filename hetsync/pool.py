@@ -393,6 +393,8 @@ def fit_data(protocol, x, y, batch_size, seed=0, server=0, ranks=None, timeout_s
     ranks = list(range(runtime.size())) if ranks is None else list(ranks)
     d = transport.dispatcher()
     state = PoolState(n, int(batch_size), ranks, seed=seed)
+    if getattr(protocol, "pool_server", None) is not None:  # a second fit_data: a new pool replaces the old
+        protocol.pool_server.close()
     protocol.pool_server = PoolServer(d, state) if d.rank == server else None
     client = PoolClient(d, server, timeout_s)
     client.batches_per_epoch = state.batches_per_epoch

@@ -139,17 +139,17 @@ def dump(out):
 
 if mode == "roundrobin":
     n = size - 1
-    opt = hetsync.SHAT(keras.optimizers.SGD(ETA), servers=1, log_base=2.0)
+    opt = hetsync.SHAT(keras.optimizers.SGD(ETA), data_plan="shard", servers=1, log_base=2.0)
     steps = 6
     turns = Turns(n)
     turns.total = steps
     dump(run(opt, steps, extra=[turns] if rank < n else []))
 elif mode == "asp":
-    dump(run(hetsync.ASP(keras.optimizers.SGD(ETA), servers=2, sharding="memory"), 12))
+    dump(run(hetsync.ASP(keras.optimizers.SGD(ETA), data_plan="shard", servers=2, sharding="memory"), 12))
 elif mode == "layer":
-    dump(run(hetsync.SHAT(keras.optimizers.SGD(ETA), servers=2, sharding="layer"), 15))
+    dump(run(hetsync.SHAT(keras.optimizers.SGD(ETA), data_plan="shard", servers=2, sharding="layer"), 15))
 elif mode == "ensemble":
-    opt = hetsync.Ensemble(keras.optimizers.SGD(ETA), servers=1)
+    opt = hetsync.Ensemble(keras.optimizers.SGD(ETA), data_plan="shard", servers=1)
     out = run(opt, 10)
     if not hetsync.is_server():  # replay: plain SGD alone on this worker's data from the same start
         model = make_model()
@@ -163,14 +163,14 @@ elif mode == "ensemble":
     dump(out)
 elif mode == "straggler":
     # 4 workers, worker 3 five times slower (100 ms against 20 ms steps); it runs 10 steps, the others 60
-    opt = hetsync.SHAT(keras.optimizers.SGD(ETA), servers=1)
+    opt = hetsync.SHAT(keras.optimizers.SGD(ETA), data_plan="shard", servers=1)
     steps = 10 if rank == 3 else 60
     barrier = Barrier(4)  # made on every rank: the dispatcher's first use is collective
     dump(run(opt, steps, extra=[barrier] if rank < 4 else [], slowdown="device:20+deterministic:3:5"))
 elif mode == "ssp":
-    dump(run(hetsync.SSP(keras.optimizers.SGD(ETA), staleness=2, servers=1), 40, slowdown="device:3+deterministic:2:10"))
+    dump(run(hetsync.SSP(keras.optimizers.SGD(ETA), data_plan="shard", staleness=2, servers=1), 40, slowdown="device:3+deterministic:2:10"))
 elif mode == "ssp0":
-    dump(run(hetsync.SSP(keras.optimizers.SGD(ETA), staleness=0, servers=1), 10))
+    dump(run(hetsync.SSP(keras.optimizers.SGD(ETA), data_plan="shard", staleness=0, servers=1), 10))
 elif mode == "bsp":
     model = make_model()
     opt = hetsync.BSP(keras.optimizers.SGD(ETA * size))
@@ -181,7 +181,7 @@ elif mode == "bsp":
     dump({"rank": rank, "final": flat(model).tolist()})
 elif mode in ("deadserver", "killserver", "deadworker"):
     victim = 1 if mode == "deadworker" else size - 1
-    opt = hetsync.ASP(keras.optimizers.SGD(ETA), servers=1, timeout_s=6.0)
+    opt = hetsync.ASP(keras.optimizers.SGD(ETA), data_plan="shard", servers=1, timeout_s=6.0)
 
     class Stopper(keras.callbacks.Callback):
         def __init__(self):
@@ -206,7 +206,7 @@ elif mode in ("deadserver", "killserver", "deadworker"):
         os._exit(1)
 elif mode == "toomany":
     try:
-        run(hetsync.SHAT(keras.optimizers.SGD(ETA), servers=3, sharding="layer"), 5)
+        run(hetsync.SHAT(keras.optimizers.SGD(ETA), data_plan="shard", servers=3, sharding="layer"), 5)
     except ValueError as exc:
         print(f"ERROR rank {rank}: {exc}", flush=True)
         sys.exit(0)
