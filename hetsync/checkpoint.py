@@ -206,6 +206,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.save_every_steps is None and self.save_every_s is None:
             raise ValueError("BackupAndRestore: give save_every_steps (int >= 1) and/or save_every_s "
                              "(seconds > 0); got neither")
+        if getattr(dataset, "hetsync_pool", False):
+            raise ValueError("BackupAndRestore: the sample pool (data_plan='pool', hetsync.pool) has no resumable "
+                             "data position yet (its position lives on the serving rank); checkpoint a run with "
+                             "fixed shares: the protocol's data_plan='shard'")
         if dataset is not None and not isinstance(dataset, BatchDataset):
             raise ValueError(f"BackupAndRestore: dataset must be the hetsync.partition.BatchDataset given to "
                              f"model.fit (fit_data(...)['x']), got {type(dataset).__name__}")

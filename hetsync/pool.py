@@ -257,9 +257,17 @@ class PoolServer:
     :class:`PoolError`, which fails the receive thread (every waiter then sees it).
     """
 
+    #: the pool server serving on each dispatcher (id -> PoolServer): a new pool (a second model's
+    #: fit in the same process) replaces the one before it.
+    _active = {}
+
     def __init__(self, dispatcher, state):
         self.dispatcher, self.state = dispatcher, state
+        previous = PoolServer._active.pop(id(dispatcher), None)
+        if previous is not None:
+            previous.close()
         dispatcher.route(REQUEST, self._handle)
+        PoolServer._active[id(dispatcher)] = self
 
     def _handle(self, message):
         kind = message.obj[0]
@@ -275,8 +283,10 @@ class PoolServer:
             raise PoolError(f"pool server: unknown request {message.obj!r} from rank {message.source}")
 
     def close(self):
-        """Stop serving (queue the channel's messages again)."""
-        self.dispatcher.unroute(REQUEST)
+        """Stop serving (queue the channel's messages again). Idempotent."""
+        if PoolServer._active.get(id(self.dispatcher)) is self:
+            del PoolServer._active[id(self.dispatcher)]
+            self.dispatcher.unroute(REQUEST)
 
 
 class PoolClient:
@@ -354,10 +364,16 @@ def _pool_adapter(dataset, max_batches):
     class _PoolAdapter(TFDatasetAdapter):
         """A tf.data adapter declaring an upper bound on the epoch's batches (see the module notes)."""
 
+        #: marks ``model.fit`` input drawn from the pool (checked by hetsync.checkpoint)
+        hetsync_pool = True
+
         @property
         def num_batches(self):
             return max_batches
 
+    # Every pool epoch ends before the declared bound, by design; Keras would warn each epoch that the
+    # input "ran out of data". That one message is silenced (the pool's own report counts every sample).
+    warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
     return _PoolAdapter(dataset)
 
 

@@ -64,6 +64,8 @@ def _fit(wrapper, backup_dir, epochs=3, stop_at=None, **proto):
     x, y = _data()
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
                               keras.layers.BatchNormalization(), keras.layers.Dense(2, activation="softmax")])
+    if wrapper is hetsync.LocalSGD:  # fixed shares: the sample pool has no resumable data position
+        proto.setdefault("data_plan", "shard")
     opt = wrapper(keras.optimizers.SGD(0.1, momentum=0.9), **proto)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     fit = opt.hetsync_protocol.fit_data(x, y, 16, seed=1)  # 12 steps per epoch

@@ -21,10 +21,10 @@ def _final_weights(out, rank):
 
 
 @pytest.mark.parametrize("protocol,args,same_run,steps_per_epoch", [
-    ("bsp", [], True, 22), ("localsgd", ["--protocol-arg", "period=5"], True, 22),
+    ("bsp", [], True, 22), ("localsgd", ["--protocol-arg", "period=5", "--protocol-arg", "data_plan=shard"], True, 22),
     ("taskalloc", [], True, 23),
     # RNA's rounds depend on timing: two uninterrupted runs already differ, so only the counts are exact
-    ("rna", [], False, 22)])
+    ("rna", ["--protocol-arg", "data_plan=shard"], False, 22)])
 def test_killed_mid_epoch_and_relaunched_matches_uninterrupted(tmp_path, protocol, args, same_run, steps_per_epoch):
     common = ["--protocol", protocol, *args, "--epochs", str(EPOCHS), "--quiet"]
     out_a, out_b, backup = str(tmp_path / "A"), str(tmp_path / "B"), str(tmp_path / "backup")
