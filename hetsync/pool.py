@@ -263,7 +263,7 @@ class PoolServer:
 
     def __init__(self, dispatcher, state):
         self.dispatcher, self.state = dispatcher, state
-        previous = PoolServer._active.pop(id(dispatcher), None)
+        previous = PoolServer._active.get(id(dispatcher))
         if previous is not None:
             previous.close()
         dispatcher.route(REQUEST, self._handle)

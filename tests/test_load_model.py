@@ -121,7 +121,7 @@ def test_plain_keras_load_model_also_rewraps_once_hetsync_is_imported(tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert type(loaded.optimizer).__name__ == "LocalSGD_SGD"
-    assert loaded.optimizer.hetsync_protocol.config() == {"period": 5, "average_at_end": True}
+    assert loaded.optimizer.hetsync_protocol.config() == {"period": 5, "average_at_end": True, "data_plan": "pool"}
 
 
 def test_a_saved_unknown_protocol_is_refused_clearly():

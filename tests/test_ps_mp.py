@@ -211,7 +211,8 @@ def test_more_servers_than_variables_fails_at_train_begin_on_every_rank(tmp_path
 
 def test_example_script_unchanged_with_ensemble_reports_both_accuracies(tmp_path):
     out = tmp_path / "run"
-    launch(3, ["examples/keras_digits.py", "--protocol", "ensemble", "--protocol-arg", "servers=1", "--epochs", "2",
+    launch(3, ["examples/keras_digits.py", "--protocol", "ensemble", "--protocol-arg", "servers=1",
+               "--protocol-arg", "data_plan=shard", "--epochs", "2",
                "--out", str(out), "--quiet"], timeout=400)
     s = read_json(out / "summary.json")
     assert s["world_size"] == 3 and s["workers"] == 2

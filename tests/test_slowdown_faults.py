@@ -146,7 +146,8 @@ def test_kill_ends_the_job_with_a_non_zero_status(tmp_path):
 def test_a_paused_parameter_server_resumes_and_the_run_completes(tmp_path):
     # a server rank serves inside its train begin, so its pause is armed on a timer (hetsync.callbacks.Slowdown)
     out = str(tmp_path / "out")
-    launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--epochs", "4", "--quiet",
+    launch(3, [DIGITS, "--protocol", "ssp", "--protocol-arg", "servers=1", "--protocol-arg", "data_plan=shard",
+               "--epochs", "4", "--quiet",
                "--slowdown", "device:25+pause:2:1:2", "--out", out], timeout=240)
     summary = read_json(os.path.join(out, "summary.json"))
     fault, = summary["faults"]

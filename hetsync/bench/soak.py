@@ -227,6 +227,9 @@ def _reported_expectation(summary):
     for where in (summary, summary.get("data_plan") or {}, summary.get("stats") or {}):
         if isinstance(where, dict) and where.get("expected_samples_per_epoch") is not None:
             return int(where["expected_samples_per_epoch"]), "reported by the run"
+    pool = (summary.get("stats") or {}).get("pool")
+    if isinstance(pool, dict) and pool.get("n") is not None:  # the sample pool: every sample once per epoch
+        return int(pool["n"]), "the sample pool (N per epoch)"
     return None
 
 
