@@ -269,6 +269,25 @@ def lost_samples(out):
                     trained[e] += int(round(per_step)) * int(rec.get("steps_in_call", 1))
                 else:
                     raise ValueError(f"{out}/rank{r}.jsonl: a step of epoch {e}, but the run had {epochs} epochs")
+    pool = (s.get("stats") or {}).get("pool")
+    if isinstance(pool, dict) and pool.get("epochs"):
+        # the sample pool: batches differ in size (the epoch's last holds N mod b more), so the samples
+        # trained come from the pool's confirmations; the ranks' step records must match its batch count
+        steps = [0] * epochs
+        for r in workers:
+            with open(os.path.join(out, f"rank{r}.jsonl")) as f:
+                for line in f:
+                    if line.strip():
+                        rec = json.loads(line)
+                        steps[int(rec["epoch"])] += int(rec.get("steps_in_call", 1))
+        trained = [0] * epochs
+        for e in pool["epochs"]:
+            k = int(e["epoch"])
+            if 0 <= k < epochs:
+                batches = sum(int(v) for v in e.get("per_rank_batches", {}).values())
+                confirmed = sum(int(v) for v in e.get("per_rank_samples", {}).values())
+                # a batch handed out but never stepped on counts as lost (b samples each)
+                trained[k] = confirmed - max(0, batches - steps[k]) * b - int(e.get("unconfirmed", 0))
     reported = _reported_expectation(s)
     if reported is not None:
         per_epoch, basis = reported
