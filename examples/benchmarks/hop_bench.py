@@ -28,18 +28,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from hetsync.bench import efficiency, matrix  # noqa: E402
-
-PY = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PY), "horovodrun")
-MNIST = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
+from hetsync.bench import efficiency, launch, matrix  # noqa: E402
 
 
 def variants(scenario, args):
@@ -59,21 +54,16 @@ def scenario_spec(scenario, args):
     return f"device:{args.device}+deterministic:{args.np - 1}:4"
 
 
+def _job(protocol, pargs, spec, seed, args, out):
+    """The job's argument list (list of str) of one run; ``args`` carries the common flags."""
+    return launch.job_argv(protocol, out, pargs, extra=launch.dataset_args(args.digits), epochs=args.epochs,
+                           lr=args.lr, batch_size=args.batch_size, eval_every=args.eval_every,
+                           target_accuracy=args.target, slowdown=spec, seed=seed)
+
+
 def run_one(label, protocol, pargs, spec, seed, args, out):
-    data = ["--dataset", "mnist-idx", "--data-dir", MNIST] if os.path.isdir(MNIST) and not args.digits else \
-        ["--dataset", "digits"]
-    cmd = [HOROVODRUN, "--mpi", "-np", str(args.np), PY, "examples/keras_digits.py"] + data + [
-        "--epochs", str(args.epochs), "--lr", str(args.lr), "--batch-size", str(args.batch_size),
-        "--eval-every", str(args.eval_every), "--target-accuracy", str(args.target), "--slowdown", spec,
-        "--seed", str(seed), "--protocol", protocol, "--out", out, "--quiet"]
-    for a in pargs:
-        cmd += ["--protocol-arg", a]
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    proc = launch.run(launch.horovodrun(args.np, _job(protocol, pargs, spec, seed, args, out)), args.timeout)
     if proc.returncode != 0:
         return {"label": label, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
     rec = analyse(out)

@@ -28,12 +28,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 from tabulate import tabulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from hetsync.bench import launch  # noqa: E402
 
 
 def step_ms(out_dir, world):
@@ -46,15 +47,9 @@ def step_ms(out_dir, world):
 
 
 def run(proto, out_dir, args, extra):
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--mpi", "-np", str(args.np), sys.executable,
-           "examples/keras_digits.py", "--protocol", proto, "--quiet", "--out", out_dir,
-           "--slowdown", args.slowdown] + extra
-    if proto == "rna":
-        for kv in args.rna_arg:
-            cmd += ["--protocol-arg", kv]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    cmd = launch.horovodrun(args.np, launch.job_argv(proto, out_dir, args.rna_arg if proto == "rna" else (),
+                                                     extra=extra, slowdown=args.slowdown))
+    proc = launch.run(cmd, args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(out_dir, "summary.json")) as f:

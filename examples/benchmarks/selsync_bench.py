@@ -27,26 +27,24 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 from tabulate import tabulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PY = sys.executable
+sys.path.insert(0, ROOT)
+from hetsync.bench import launch  # noqa: E402
+
+#: seconds one launched run may take before it is killed and the benchmark fails.
+RUN_TIMEOUT_S = 7200
 
 
 def run(name, out_root, np_, protocol, proto_args, extra, quiet=True):
     """Launch one example run; return its summary dict (raises CalledProcessError on failure)."""
     out = os.path.join(out_root, name)
-    cmd = [os.path.join(os.path.dirname(PY), "horovodrun"), "--mpi", "-np", str(np_), PY, "examples/keras_digits.py",
-           "--protocol", protocol, "--out", out, "--quiet"] + extra
-    for a in proto_args:
-        cmd += ["--protocol-arg", a]
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
+    cmd = launch.horovodrun(np_, launch.job_argv(protocol, out, proto_args, extra=extra))
     print("$", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=quiet, text=True)
+    proc = launch.run(cmd, RUN_TIMEOUT_S, capture=quiet)
     if proc.returncode != 0:
         print(proc.stdout[-4000:] if proc.stdout else "", proc.stderr[-4000:] if proc.stderr else "")
         proc.check_returncode()

@@ -68,7 +68,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -77,10 +76,9 @@ from tabulate import tabulate
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from hetsync import slowdown  # noqa: E402
-from hetsync.bench import efficiency  # noqa: E402
+from hetsync.bench import efficiency, launch  # noqa: E402
 
-PY = os.path.join(ROOT, ".venv", "bin", "python")
-HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
+PY = sys.executable
 
 
 def slow_spec(np_):
@@ -143,11 +141,6 @@ def epoch_times(path):
     return [ends[e[0]]] + [ends[b] - ends[a] for a, b in zip(e, e[1:])]
 
 
-def _env():
-    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
-
-
 def solo_speeds(spec, batches, args, out, cache):
     """Solo speeds (samples/s, list) of ranks with per-step batches ``batches`` under ``spec``, cached."""
     key = (spec, tuple(batches))
@@ -156,22 +149,19 @@ def solo_speeds(spec, batches, args, out, cache):
                args.model, "--lr", str(args.lr), "--epochs", str(args.solo_epochs)]
         per_rank = [["--batch-size", str(b), "--epochs", str(math.ceil(args.solo_epochs * b / min(batches)))]
                     for b in batches]
-        res = efficiency.measure_solo(job, spec, args.np, out, python=PY, cwd=ROOT, env=_env(), timeout_s=900,
+        res = efficiency.measure_solo(job, spec, args.np, out, python=PY, cwd=ROOT, env=launch.job_env(), timeout_s=900,
                                       rank_argv=per_rank, common_window=True)
         cache[key] = res["samples_per_s"]
     return cache[key]
 
 
 def run(name, spec, argv, args, out, cache=None):
-    cmd = [HOROVODRUN, "--mpi", "-np", str(args.np)]
-    if args.cycle_time_ms > 0:
-        cmd += ["--cycle-time-ms", str(args.cycle_time_ms)]
-    cmd += [PY, "examples/keras_digits.py", "--dataset", "mnist-idx",
-            "--data-dir", args.data_dir, "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
-            "--slowdown", spec, "--quiet", "--out", out] + argv
-    env = _env()
+    cmd = launch.horovodrun(args.np, [launch.JOB, "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
+                                      args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
+                                      "--slowdown", spec, "--quiet", "--out", out] + argv,
+                            cycle_time_ms=args.cycle_time_ms if args.cycle_time_ms > 0 else None)
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = launch.run(cmd, 1800)
     if proc.returncode != 0:
         sys.exit(f"{name} failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     with open(os.path.join(out, "summary.json")) as f:
@@ -205,7 +195,6 @@ def run(name, spec, argv, args, out, cache=None):
 def run_simulated(args):
     """Simulated device: equal static vs adaptive allocation under speeds:1,1,1,0.5, and BSP vs
     adaptive with equal speeds (same global batch); returns the results dict."""
-    env = dict(_env(), PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(args.out, exist_ok=True)
     runs = []
     if args.total % 4:
@@ -217,12 +206,11 @@ def run_simulated(args):
     for rep in range(args.repeats):
         for name, spec, extra in cases[rep % len(cases):] + cases[:rep % len(cases)]:
             out = os.path.join(args.out, f"sim_{name}_{rep}.json")
-            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "--mca", "btl_tcp_if_include", "lo",
-                   PY, "tests/mp/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
-                   str(args.epochs), "--batch-size", str(args.total * args.micro_batch // 4),
-                   "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
-                   "--device-ms-per-sample", str(args.simulated)] + extra
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+            cmd = launch.mpirun(4, ["tests/mp/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
+                                    str(args.epochs), "--batch-size", str(args.total * args.micro_batch // 4),
+                                    "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
+                                    "--device-ms-per-sample", str(args.simulated)] + extra)
+            proc = launch.run(cmd, 1800)
             if proc.returncode != 0:
                 sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
             with open(out) as f:

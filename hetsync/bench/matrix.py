@@ -28,15 +28,15 @@ import sys
 import time
 
 from .. import slowdown as _slowdown
-from . import efficiency
+from . import efficiency, launch
 
 __all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
            "aggregate", "machine_description", "DATASETS", "ROOT", "JOB"]
 
 #: repository root (the folder holding ``examples/``).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = launch.ROOT
 #: the training job every run launches.
-JOB = "examples/keras_digits.py"
+JOB = launch.JOB
 #: bench data-set name -> the job's data arguments. MNIST: the shared IDX files, relative to the repository.
 DATASETS = {
     "digits": ["--dataset", "digits"],
@@ -252,24 +252,14 @@ def plan(preset, protocols):
 
 
 def _env():
-    bindir = os.path.dirname(sys.executable)
-    env = dict(os.environ)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "TF_NUM_INTRAOP_THREADS": "1", "PATH": bindir + os.pathsep + env.get("PATH", ""),
-                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
-    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
-    return env
+    return launch.job_env(stall_shutdown_s=120)
 
 
 def launch_command(preset, seed, cell, protocol, out, protocol_args=()):
     """The ``horovodrun --mpi`` command (list of str) of one run."""
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    cmd = [horovodrun, "--mpi", "-np", str(preset.cell_np(cell)), sys.executable] + preset.job_argv(
-        cell, eval_every=preset.eval_every(cell)) + [
+    return launch.horovodrun(preset.cell_np(cell), preset.job_argv(cell, eval_every=preset.eval_every(cell)) + [
         "--protocol", protocol, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"]
-    for a in protocol_args:
-        cmd += ["--protocol-arg", a]
-    return cmd
+        + launch.protocol_args(protocol_args))
 
 
 def analyse_run(run_dir, solo):
@@ -516,7 +506,7 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
     os.makedirs(run_dir, exist_ok=True)
     t = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=preset.timeout_s)
+        proc = launch.run(cmd, preset.timeout_s, stall_shutdown_s=120)
         output = proc.stdout + proc.stderr
         failed = f"exited {proc.returncode}" if proc.returncode != 0 else None
     except subprocess.TimeoutExpired as exc:

@@ -27,16 +27,9 @@ import time
 
 from tabulate import tabulate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import launch
+
 FAULTS = ("none", "pause", "stall")
-
-
-def _env():
-    env = dict(os.environ)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "TF_NUM_INTRAOP_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
-    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
-    return env
 
 
 def scenario(ms, fault, rank, at_s, for_s):
@@ -46,15 +39,12 @@ def scenario(ms, fault, rank, at_s, for_s):
 
 def command(args, protocol, fault, seed, out):
     """The mpirun command (list of str) of one run."""
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np), "--mca", "btl_tcp_if_include",
-           "lo", sys.executable, "examples/keras_digits.py", "--protocol", protocol, "--dataset", args.dataset,
-           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--seed", str(seed),
-           "--slowdown", scenario(args.ms, fault, args.rank, args.at, args.for_s), "--out", out, "--quiet"]
+    argv = [launch.JOB, "--protocol", protocol, "--dataset", args.dataset, "--epochs", str(args.epochs),
+            "--batch-size", str(args.batch_size), "--seed", str(seed),
+            "--slowdown", scenario(args.ms, fault, args.rank, args.at, args.for_s), "--out", out, "--quiet"]
     if args.data_dir:
-        cmd += ["--data-dir", args.data_dir]
-    for kv in args.protocol_arg.get(protocol, []):
-        cmd += ["--protocol-arg", kv]
-    return cmd
+        argv += ["--data-dir", args.data_dir]
+    return launch.mpirun(args.np, argv + launch.protocol_args(args.protocol_arg.get(protocol, [])))
 
 
 def run_one(args, protocol, fault, seed):
@@ -65,7 +55,7 @@ def run_one(args, protocol, fault, seed):
     rec = {"protocol": protocol, "fault": fault, "seed": seed, "command": " ".join(shlex.quote(c) for c in cmd)}
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout)
+        proc = launch.run(cmd, args.timeout, stall_shutdown_s=300)
         output, failed = proc.stdout + proc.stderr, (None if proc.returncode == 0 else f"exited {proc.returncode}")
     except subprocess.TimeoutExpired as exc:
         output, failed = str(exc.stdout or ""), f"timed out after {args.timeout:g} s"

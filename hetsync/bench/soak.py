@@ -42,13 +42,15 @@ import time
 
 from tabulate import tabulate
 
+from . import launch
+
 __all__ = ["draw_runs", "command", "launch_run", "lost_samples", "fault_kinds", "run_soak", "table", "totals",
            "totals_line", "main", "JOB", "ROOT", "BATCH_SIZE", "FAULT_DEVICE_MS", "REAP_S", "OWN_PLAN"]
 
 #: repository root (the folder holding ``examples/``).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = launch.ROOT
 #: the training job every run launches.
-JOB = os.path.join("examples", "keras_digits.py")
+JOB = launch.JOB
 #: per-rank batch size of every run (samples).
 BATCH_SIZE = 16
 #: emulated device time per step (ms) of the runs that carry a fault, so that training lasts a few seconds.
@@ -148,22 +150,11 @@ def draw_runs(count, seed, ranks=(2, 3, 4), protocols=None, faults=None, epochs=
     return runs
 
 
-def _env():
-    bindir = os.path.dirname(sys.executable)
-    env = dict(os.environ)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "TF_NUM_INTRAOP_THREADS": "1", "PATH": bindir + os.pathsep + env.get("PATH", ""),
-                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
-    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
-    return env
-
-
 def command(run, out):
     """The ``mpirun`` command (list of str) of one drawn run writing to folder ``out``."""
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(run["np"]), "--mca", "btl_tcp_if_include",
-            "lo", sys.executable, JOB, "--protocol", run["protocol"], "--slowdown", run["scenario"],
+    return launch.mpirun(run["np"], [JOB, "--protocol", run["protocol"], "--slowdown", run["scenario"],
             "--seed", str(run["seed"]), "--epochs", str(run["epochs"]), "--batch-size", str(BATCH_SIZE),
-            "--dataset", "digits", "--out", out, "--quiet"]
+            "--dataset", "digits", "--out", out, "--quiet"])
 
 
 def launch_run(run, out, timeout_s):
@@ -180,7 +171,8 @@ def launch_run(run, out, timeout_s):
     os.makedirs(out, exist_ok=True)
     cmd = command(run, out)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch.job_env(stall_shutdown_s=120), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     hung = False
     try:

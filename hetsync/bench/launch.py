@@ -1,0 +1,138 @@
+"""How benchmarks launch a training job: the command line and environment of one multi-process run.
+
+Every benchmark (``hetsync.bench.matrix``, ``pause``, ``soak`` and the scripts in
+``examples/benchmarks/``) runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` or ``mpirun``
+from the repository root; this module is the one place that builds those commands and their
+environment, so a launch flag or variable changes once.
+"""
+import os
+import subprocess
+import sys
+
+__all__ = ["ROOT", "JOB", "MNIST", "job_env", "horovodrun", "mpirun", "job_argv", "protocol_args", "dataset_args",
+           "run"]
+
+#: repository root (the folder holding ``examples/``); launched jobs run from here.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: the training job benchmarks launch (relative to :data:`ROOT`).
+JOB = os.path.join("examples", "keras_digits.py")
+#: the MNIST test set in IDX format that ships beside the repository (``../shared/data/mnist-t10k``).
+MNIST = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
+
+
+def job_env(stall_shutdown_s=None):
+    """The environment (dict of str) of a launched job.
+
+    One intra-op thread per rank (ranks share the machine's cores), TensorFlow's C++ log quiet, OpenMPI
+    allowed to run as root, this interpreter's ``bin/`` first on ``PATH`` (so ``horovodrun`` finds the
+    same Python) and :data:`ROOT` first on ``PYTHONPATH``.
+
+    Args:
+        stall_shutdown_s: int seconds or None. When given, horovod's stall shutdown
+            (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) defaults to it; a value the caller's environment
+            already sets wins.
+
+    Raises:
+        ValueError: ``stall_shutdown_s`` not a positive number.
+    """
+    if stall_shutdown_s is not None and not stall_shutdown_s > 0:
+        raise ValueError(f"stall_shutdown_s must be > 0 seconds or None, got {stall_shutdown_s!r}")
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TF_NUM_INTRAOP_THREADS": "1",
+                "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    if stall_shutdown_s is not None:
+        env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
+    return env
+
+
+def _check_np(np_):
+    if isinstance(np_, bool) or not isinstance(np_, int) or np_ < 1:
+        raise ValueError(f"np (the number of ranks) must be an integer >= 1, got {np_!r}")
+
+
+def horovodrun(np_, argv, cycle_time_ms=None):
+    """``horovodrun --mpi -np NP [--cycle-time-ms MS] PYTHON ARGV...`` (list of str).
+
+    Args:
+        np_: int >= 1, ranks. argv: list of str, the script (relative to :data:`ROOT`) and its arguments.
+        cycle_time_ms: float milliseconds or None (horovod's default).
+
+    Raises:
+        ValueError: ``np_`` not an integer >= 1.
+    """
+    _check_np(np_)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--mpi", "-np", str(np_)]
+    if cycle_time_ms:
+        cmd += ["--cycle-time-ms", str(cycle_time_ms)]
+    return cmd + [sys.executable] + list(argv)
+
+
+def mpirun(np_, argv):
+    """``mpirun --oversubscribe -np NP`` over the loopback interface, then ``PYTHON ARGV...`` (list of str).
+
+    Args:
+        np_: int >= 1, ranks. argv: list of str, the script (relative to :data:`ROOT`) and its arguments.
+
+    Raises:
+        ValueError: ``np_`` not an integer >= 1.
+    """
+    _check_np(np_)
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "btl_tcp_if_include",
+            "lo", sys.executable] + list(argv)
+
+
+def protocol_args(pairs):
+    """``--protocol-arg KEY=VALUE`` for each pair (list of str); ``pairs`` is an iterable of ``"KEY=VALUE"``."""
+    out = []
+    for kv in pairs:
+        out += ["--protocol-arg", kv]
+    return out
+
+
+def dataset_args(digits=False):
+    """The job's data flags (list of str): MNIST from :data:`MNIST` when that folder exists and ``digits``
+    is false, else scikit-learn's digits."""
+    if os.path.isdir(MNIST) and not digits:
+        return ["--dataset", "mnist-idx", "--data-dir", MNIST]
+    return ["--dataset", "digits"]
+
+
+def job_argv(protocol, out, protocol_args=(), extra=(), **flags):
+    """The training job's argument list (list of str): ``JOB --protocol PROTOCOL``, then ``--FLAG VALUE``
+    for each keyword (underscores become dashes: ``batch_size=32`` gives ``--batch-size 32``; a value of
+    None is left out), then ``extra``, ``--out OUT --quiet`` and ``--protocol-arg`` for each
+    ``"KEY=VALUE"`` of ``protocol_args``.
+
+    Args:
+        protocol: str, a registered protocol name. out: str, the run's output folder.
+        protocol_args: iterable of str ``"KEY=VALUE"``. extra: iterable of str, flags as they are.
+        flags: flag values (str, int or float; seconds, samples or steps as the job's ``--help`` says).
+    """
+    argv = [JOB, "--protocol", protocol]
+    for k, v in flags.items():
+        if v is not None:
+            argv += ["--" + k.replace("_", "-"), str(v)]
+    argv += list(extra) + ["--out", out, "--quiet"]
+    for kv in protocol_args:
+        argv += ["--protocol-arg", kv]
+    return argv
+
+
+def run(cmd, timeout_s, capture=True, stall_shutdown_s=None):
+    """Run one launch command from :data:`ROOT` with :func:`job_env`; return its ``CompletedProcess``.
+
+    Args:
+        cmd: list of str (from :func:`horovodrun` or :func:`mpirun`). timeout_s: float seconds > 0.
+        capture: bool, capture stdout and stderr as text (else they go to this process's).
+        stall_shutdown_s: int seconds or None, passed to :func:`job_env`.
+
+    Raises:
+        ValueError: ``timeout_s`` not a positive number (a launch never waits without a bound).
+        subprocess.TimeoutExpired: the job ran longer than ``timeout_s`` (mpirun is killed).
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    return subprocess.run(cmd, cwd=ROOT, env=job_env(stall_shutdown_s), capture_output=capture, text=True,
+                          timeout=timeout_s)
