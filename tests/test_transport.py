@@ -12,6 +12,7 @@ import pytest
 
 import hetsync
 from hetsync import transport
+from hetsync.transport.p2p import Dispatcher
 
 from conftest import ROOT, _env
 
@@ -191,3 +192,29 @@ def test_importing_hetsync_changes_no_process_wide_setting():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[] True"
+
+
+class _TellDouble:
+    """Records sends; ``refuse`` ranks raise on send; ``stuck`` makes flush time out."""
+
+    def __init__(self, refuse=(), stuck=False):
+        self.refuse, self.stuck, self.sent = set(refuse), stuck, []
+
+    def send(self, dest, channel, obj, tag=None, timeout_s=None):
+        if dest in self.refuse:
+            raise transport.TransportError(f"rank {dest} gone")
+        self.sent.append((dest, channel, obj))
+
+    def flush(self, timeout_s=60.0, channel=None):
+        if self.stuck:
+            raise transport.TransportTimeout(f"sends on {channel!r} not completed within {timeout_s:g} s")
+
+    tell = Dispatcher.tell
+
+
+def test_tell_is_best_effort_and_names_who_may_not_know():
+    d = _TellDouble(refuse={2})
+    assert d.tell([1, 2, 3], "ps.error", "server stopped") == [2]
+    assert d.sent == [(1, "ps.error", "server stopped"), (3, "ps.error", "server stopped")]
+    d = _TellDouble(stuck=True)  # never raises, even when the flush times out: every rank may not know
+    assert d.tell((r for r in [4, 5]), "ps.error", "x", timeout_s=0.1) == [4, 5]

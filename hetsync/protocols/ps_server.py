@@ -156,16 +156,7 @@ class ParameterServer:
         try:
             self._loop()
         except PSError as exc:
-            for j, r in enumerate(self.workers):
-                if not self.done[j]:
-                    try:
-                        self.p2p.send(r, ERROR, str(exc))
-                    except Exception:  # noqa: BLE001 - the original error is the one to report
-                        pass
-            try:
-                self.p2p.flush(timeout_s=5.0, channel=ERROR)
-            except Exception:  # noqa: BLE001
-                pass
+            self.p2p.tell([r for j, r in enumerate(self.workers) if not self.done[j]], ERROR, str(exc))
             raise
         return self.stats()
 

@@ -351,16 +351,7 @@ class GroupServer:
         try:
             self._loop()
         except RNAHError as exc:
-            for r in self.workers:
-                if r not in self.done:
-                    try:
-                        self.p2p.send(r, ERROR, str(exc))
-                    except Exception:  # noqa: BLE001 - the original error is the one to report
-                        pass
-            try:
-                self.p2p.flush(timeout_s=5.0, channel=ERROR)
-            except Exception:  # noqa: BLE001
-                pass
+            self.p2p.tell([r for r in self.workers if r not in self.done], ERROR, str(exc))
             raise
         return self.stats()
 

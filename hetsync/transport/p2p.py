@@ -319,6 +319,33 @@ class Dispatcher:
         what = "any channel" if channel is None else f"channel {channel!r}"
         self._wait_sends(lambda s: channel is None or s.channel == channel, timeout_s, what)
 
+    def tell(self, dests, channel, obj, timeout_s=5.0):
+        """Best-effort send of ``obj`` to every rank of ``dests`` on ``channel``, for use while another
+        error is being raised (a server telling its clients why it stops).
+
+        Never raises: a send that fails or does not complete within ``timeout_s`` is left, and its
+        rank is returned, so the caller's own error stays the one reported.
+
+        Args:
+            dests: iterable of int ranks. channel: str. obj: any picklable object.
+            timeout_s: float seconds >= 0 to wait for the sends of ``channel`` to complete.
+
+        Returns:
+            list of int: the ranks that may not have been told (the send failed, or sends of
+            ``channel`` were still outstanding after ``timeout_s``; then every rank of ``dests``).
+        """
+        dests, failed = list(dests), []
+        for r in dests:
+            try:
+                self.send(r, channel, obj)
+            except Exception:  # noqa: BLE001 - the caller's error is the one to report
+                failed.append(r)
+        try:
+            self.flush(timeout_s=timeout_s, channel=channel)
+        except Exception:  # noqa: BLE001
+            return dests
+        return failed
+
     # -- receiving ----------------------------------------------------------------------------------
     def _pop(self, channel, source, tag):
         queue = self._queues.get(channel)
