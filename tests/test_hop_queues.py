@@ -432,6 +432,17 @@ def test_destroy_cancels_waiters_and_later_ops_fail_with_not_found():
         ops.hop_token_size(tq)
 
 
+def test_close_and_cancel_refuse_a_message_that_is_not_a_scalar_and_change_nothing():
+    q, tq = make_queue(1), ops.hop_token_queue_create(2, 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hop_update_queue_close: message must be a scalar"):
+        ops.hop_update_queue_close(q, ["a", "b"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hop_token_cancel: message must be a scalar"):
+        ops.hop_token_cancel(tq, ["a", "b"])
+    ops.hop_update_queue_enqueue(q, payload(0), 0, 0)  # still open: counted as enqueued, not dropped
+    assert ops.hop_update_queue_counters(q)["enqueued"] == 1 and ops.hop_update_queue_counters(q)["dropped_closed"] == 0
+    assert int(ops.hop_token_take(tq, 0, timeout_ms=1000)) == 0  # not cancelled: took the 1 token, 0 left
+
+
 def test_each_create_makes_a_fresh_queue():
     a, b = make_queue(2, name="same"), make_queue(2, name="same")
     ops.hop_update_queue_enqueue(a, payload(0), 0, 0)

@@ -812,42 +812,69 @@ class HopUpdateQueueStatusOp : public OpKernel {
   }
 };
 
-class HopUpdateQueueCloseOp : public OpKernel {
+// Fails every parked waiter of a queue through `Fail` (HopUpdateQueue::CloseLocked or
+// HopTokenQueue::CancelLocked) with `message`, and finishes them outside the lock.
+template <class Q>
+using FailLockedFn = void (Q::*)(const std::string&, std::vector<std::shared_ptr<HopWaiter>>*);
+
+template <class Q, FailLockedFn<Q> Fail>
+void FailWaiters(Q* q, const std::string& message) {
+  std::vector<std::shared_ptr<HopWaiter>> failed;
+  {
+    std::lock_guard<std::mutex> lock(q->mu);
+    (q->*Fail)(message, &failed);
+  }
+  HopWaitable::FinishAll(failed);
+}
+
+// Close / cancel kernel: input 0 the queue handle, input 1 a scalar string message; every parked
+// and later wait fails with Cancelled(message).
+template <class Q, FailLockedFn<Q> Fail>
+class HopQueueFailOp : public OpKernel {
  public:
-  explicit HopUpdateQueueCloseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  HopQueueFailOp(OpKernelConstruction* ctx, const char* op) : OpKernel(ctx), op_(op) {}
 
   void Compute(OpKernelContext* ctx) override {
-    HopUpdateQueue* q = nullptr;
+    Q* q = nullptr;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &q));
     core::ScopedUnref unref(q);
     const Tensor& msg = ctx->input(1);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(msg.shape()),
-                errors::InvalidArgument("hop_update_queue_close: message must be a scalar string"));
-    std::vector<std::shared_ptr<HopWaiter>> failed;
-    {
-      std::lock_guard<std::mutex> lock(q->mu);
-      q->CloseLocked(std::string(msg.scalar<tstring>()()), &failed);
-    }
-    HopWaitable::FinishAll(failed);
+                errors::InvalidArgument(op_, ": message must be a scalar string"));
+    FailWaiters<Q, Fail>(q, std::string(msg.scalar<tstring>()()));
   }
+
+ private:
+  const char* const op_;
 };
 
-class HopUpdateQueueDestroyOp : public OpKernel {
+// Destroy kernel: fails every parked waiter with `message`, then deletes the resource.
+template <class Q, FailLockedFn<Q> Fail>
+class HopQueueDestroyOp : public OpKernel {
  public:
-  explicit HopUpdateQueueDestroyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  HopQueueDestroyOp(OpKernelConstruction* ctx, const char* message) : OpKernel(ctx), message_(message) {}
 
   void Compute(OpKernelContext* ctx) override {
-    HopUpdateQueue* q = nullptr;
+    Q* q = nullptr;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &q));
-    std::vector<std::shared_ptr<HopWaiter>> failed;
-    {
-      std::lock_guard<std::mutex> lock(q->mu);
-      q->CloseLocked("the queue was destroyed", &failed);
-    }
-    HopWaitable::FinishAll(failed);
+    FailWaiters<Q, Fail>(q, message_);
     q->Unref();
-    OP_REQUIRES_OK(ctx, DeleteResource<HopUpdateQueue>(ctx, HandleFromInput(ctx, 0)));
+    OP_REQUIRES_OK(ctx, DeleteResource<Q>(ctx, HandleFromInput(ctx, 0)));
   }
+
+ private:
+  const char* const message_;
+};
+
+class HopUpdateQueueCloseOp : public HopQueueFailOp<HopUpdateQueue, &HopUpdateQueue::CloseLocked> {
+ public:
+  explicit HopUpdateQueueCloseOp(OpKernelConstruction* ctx) : HopQueueFailOp(ctx, "hop_update_queue_close") {}
+};
+
+class HopUpdateQueueDestroyOp : public HopQueueDestroyOp<HopUpdateQueue, &HopUpdateQueue::CloseLocked> {
+ public:
+  explicit HopUpdateQueueDestroyOp(OpKernelConstruction* ctx)
+      : HopQueueDestroyOp(ctx, "the queue was destroyed") {}
 };
 
 // ---- Token-queue kernels ----------------------------------------------------
@@ -987,42 +1014,15 @@ class HopTokenCloseOp : public OpKernel {
   }
 };
 
-class HopTokenCancelOp : public OpKernel {
+class HopTokenCancelOp : public HopQueueFailOp<HopTokenQueue, &HopTokenQueue::CancelLocked> {
  public:
-  explicit HopTokenCancelOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    HopTokenQueue* q = nullptr;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &q));
-    core::ScopedUnref unref(q);
-    const Tensor& msg = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(msg.shape()),
-                errors::InvalidArgument("hop_token_cancel: message must be a scalar string"));
-    std::vector<std::shared_ptr<HopWaiter>> failed;
-    {
-      std::lock_guard<std::mutex> lock(q->mu);
-      q->CancelLocked(std::string(msg.scalar<tstring>()()), &failed);
-    }
-    HopWaitable::FinishAll(failed);
-  }
+  explicit HopTokenCancelOp(OpKernelConstruction* ctx) : HopQueueFailOp(ctx, "hop_token_cancel") {}
 };
 
-class HopTokenQueueDestroyOp : public OpKernel {
+class HopTokenQueueDestroyOp : public HopQueueDestroyOp<HopTokenQueue, &HopTokenQueue::CancelLocked> {
  public:
-  explicit HopTokenQueueDestroyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    HopTokenQueue* q = nullptr;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &q));
-    std::vector<std::shared_ptr<HopWaiter>> failed;
-    {
-      std::lock_guard<std::mutex> lock(q->mu);
-      q->CancelLocked("the token queue was destroyed", &failed);
-    }
-    HopWaitable::FinishAll(failed);
-    q->Unref();
-    OP_REQUIRES_OK(ctx, DeleteResource<HopTokenQueue>(ctx, HandleFromInput(ctx, 0)));
-  }
+  explicit HopTokenQueueDestroyOp(OpKernelConstruction* ctx)
+      : HopQueueDestroyOp(ctx, "the token queue was destroyed") {}
 };
 
 REGISTER_KERNEL_BUILDER(Name("HetsyncHopUpdateQueueCreate").Device(DEVICE_CPU), HopUpdateQueueCreateOp);
