@@ -62,11 +62,16 @@ def _job(protocol, pargs, spec, seed, args, out):
 
 
 def run_one(label, protocol, pargs, spec, seed, args, out):
+    """Launch one run; return its figures (dict from :func:`analyse`; ``error`` when the launch or the
+    analysis failed, so the other runs go on)."""
     t0 = time.time()
     proc = launch.run(launch.horovodrun(args.np, _job(protocol, pargs, spec, seed, args, out)), args.timeout)
     if proc.returncode != 0:
         return {"label": label, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
-    rec = analyse(out)
+    try:
+        rec = analyse(out)
+    except ValueError as exc:  # e.g. too few steps to measure a speed: this run fails, the benchmark goes on
+        return {"label": label, "error": f"analysis: {exc}"}
     rec.update(label=label, protocol=protocol, args=pargs, seed=seed, launch_s=time.time() - t0)
     return rec
 

@@ -89,7 +89,10 @@ def run_one(label, protocol, pargs, workers, servers, spec, seed, args, out):
     proc = launch.run(launch.horovodrun(workers + servers, job), args.timeout)
     if proc.returncode != 0:
         return {"label": label, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
-    a = matrix.analyse_run(out, {})
+    try:
+        a = matrix.analyse_run(out, {})
+    except ValueError as exc:  # e.g. too few steps to measure a speed: this run fails, the benchmark goes on
+        return {"label": label, "error": f"analysis: {exc}"}
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     st = s.get("stats", {})
