@@ -91,3 +91,16 @@ def test_periodic_averaging_joins_the_same_rounds_on_every_rank(tmp_path, protoc
     assert batches[1] < max(batches[0], batches[2])  # rounds are barriers: the slow rank still draws less
     assert s["weights_in_sync"]
     assert s["final_test_accuracy"] > 0.7
+
+
+def test_pool_under_gloo_is_refused_before_training_naming_the_shard_plan(tmp_path):
+    """Local SGD runs under Gloo (collectives only), but its default plan, the pool, needs MPI
+    point-to-point: the job stops before any step with an error that names the way out."""
+    out = tmp_path / "out"
+    proc = launch(2, ["examples/keras_digits.py", "--protocol", "localsgd", "--epochs", "1", "--quiet", "--out",
+                      str(out)], launcher="horovodrun-gloo", timeout=120, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "LocalSGD with data_plan='pool'" in text and "pass data_plan='shard'" in text, text[-3000:]
+    assert "needs MPI point-to-point messaging" in text and "this job runs on Gloo" in text
+    assert not (out / "rank0.jsonl").exists() or not (out / "rank0.jsonl").read_text().strip()  # no step ran

@@ -332,6 +332,8 @@ class Protocol:
 
         Raises:
             ValueError: ``batch_size`` not an int in [1, shard size], or no worker left (servers >= ranks).
+            RuntimeError: ``data_plan="pool"`` under ``horovodrun --gloo`` (the pool needs MPI
+                point-to-point; the message names ``data_plan='shard'``).
         """
         from .. import data, partition
 
@@ -341,6 +343,8 @@ class Protocol:
         self.check_roles()
         use_pool = getattr(self.cfg, "data_plan", "shard") == "pool"  # work conservation (issue 15): hetsync.pool
         if use_pool:
+            runtime.require_mpi(f"{self.display_name} with data_plan='pool' (the sample pool; pass "
+                                "data_plan='shard' for fixed per-rank shares under Gloo)")
             transport.dispatcher()  # collective on first use: servers too
         if runtime.is_server():
             return self.server_fit_data(x, y, batch_size)
