@@ -763,11 +763,17 @@ class Protocol:
     def summary_stats(self):
         """Return a JSON-serialisable dict of end-of-run statistics (default: ``syncs``, and the
         end-of-training average's figures if it ran)."""
-        from .. import pool
-
         out = {"syncs": int(self._stats["syncs"].numpy())} if self._stats else {}
         out.update(self._final)
+        return self.with_pool_stats(out)
+
+    def with_pool_stats(self, out):
+        """Return ``out`` (dict) with ``out["pool"]`` set to :func:`hetsync.pool.summary` when this rank
+        used the sample pool (``data_plan="pool"``; issue 15); ``out`` unchanged otherwise. For
+        ``summary_stats`` overrides that build their own dict."""
         if getattr(self, "pool", None) is not None:
+            from .. import pool
+
             out["pool"] = pool.summary(self)
         return out
 

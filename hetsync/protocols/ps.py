@@ -377,12 +377,7 @@ class PSProtocol(Protocol):
         the slowest clock, per reply, summed over servers)."""
         if not self._summary:
             return super().summary_stats()
-        out = dict(self._summary)
-        if self.pool is not None:
-            from .. import pool
-
-            out["pool"] = pool.summary(self)
-        return out
+        return self.with_pool_stats(dict(self._summary))
 
 
 class PSCallback(keras.callbacks.Callback):

@@ -429,12 +429,7 @@ class RNAProtocol(Protocol):
         probe response times, staleness histogram, dropped/undrained gradients, drift, per-rank totals."""
         if not self._summary:
             return super().summary_stats()
-        out = dict(self._summary)
-        if self.pool is not None:
-            from .. import pool
-
-            out["pool"] = pool.summary(self)
-        return out
+        return self.with_pool_stats(dict(self._summary))
 
 
 RNA = protocol_wrapper(RNAProtocol, """Wrap a Keras 3 optimizer for RNA: randomized non-blocking partial allreduce (RNA sections 3, 6).
