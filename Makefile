@@ -63,7 +63,7 @@ bench-quick: deps
 	$(PY) -m hetsync.bench --preset quick --out runs/bench-quick
 
 test: deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 clean:
 	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops*_build.json runs .pytest_cache

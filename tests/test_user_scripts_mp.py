@@ -52,8 +52,12 @@ def test_every_protocol_trains_the_ported_convnet_from_a_tf_data_pipeline(tmp_pa
     if protocol == "bsp":
         extra += ["--checkpoint-dir", str(tmp_path / "ck")]
     r, _ = _convnet(tmp_path, protocol, *extra)
-    loss = r["history"]["loss"]
-    assert len(loss) == 2 and loss[1] < loss[0], loss  # epoch-mean training loss, averaged over ranks
+    # Held-out loss (the 10 000 test images, fixed weights, inference mode) falls from epoch 1 to epoch 2.
+    # Not the epoch-mean training loss: over 5 steps with dropout it is too noisy for the protocols that
+    # apply stale gradients (RNA's epoch-2 mean rose in 2 of 8 runs; its held-out loss fell in all 8).
+    val_loss = r["history"]["val_loss"]
+    assert len(val_loss) == 2 and val_loss[1] < val_loss[0], val_loss
+    assert len(r["history"]["loss"]) == 2 and all(math.isfinite(v) for v in r["history"]["loss"]), r["history"]
     assert r["history"]["val_accuracy"][1] > 0.2  # 10 classes: above chance after 10 Adam steps
     if protocol != "ensemble":  # ENSEMBLE's worker keeps its local model (alpha = 0), the server holds w~
         assert r["weights_max_abs_diff"] <= 1e-6
