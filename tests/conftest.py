@@ -14,16 +14,13 @@ BIN = os.path.dirname(PY)
 
 
 def _env(extra=None):
-    env = dict(os.environ)
-    env.update({
-        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-        "PATH": BIN + os.pathsep + env.get("PATH", ""),
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
-    })
+    """The launched job's environment: hetsync.bench.launch.job_env (one intra-op thread, quiet TensorFlow, this
+    interpreter first on PATH, the checkout first on PYTHONPATH) with horovod's stall shutdown at 120 s, then
+    ``extra`` (a value of None removes the variable)."""
+    from hetsync.bench.launch import job_env
+    env = job_env(stall_shutdown_s=120)
     env.update(extra or {})
-    return {k: v for k, v in env.items() if v is not None}  # extra={"NAME": None} removes NAME
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def launch(np_, argv, launcher="mpirun", timeout=300, env=None, check=True):
@@ -33,11 +30,11 @@ def launch(np_, argv, launcher="mpirun", timeout=300, env=None, check=True):
     None removes the variable).
     Returns the CompletedProcess; with check=True a non-zero exit fails the test with the output.
     """
+    from hetsync.bench import launch as jobs
     if launcher == "mpirun":
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "btl_tcp_if_include", "lo",
-               PY] + list(argv)
+        cmd = jobs.mpirun(np_, argv)
     elif launcher == "horovodrun-mpi":
-        cmd = [os.path.join(BIN, "horovodrun"), "--mpi", "-np", str(np_), PY] + list(argv)
+        cmd = jobs.horovodrun(np_, argv)
     elif launcher == "horovodrun-gloo":
         cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(np_), PY] + list(argv)
     else:

@@ -44,9 +44,12 @@ def test_nan_on_one_rank_stops_the_job_naming_rank_and_step(protocol, np_, args,
     # else rank 0 was ended by rank 1's MPI_Abort (mpirun's note about it is not always printed)
 
 
-@pytest.mark.parametrize("protocol", ["bsp", "selsync", "rna"])
-def test_batchnorm_statistics_end_equal_on_every_rank(protocol, tmp_path):
-    launch(2, [SCRIPT, "batchnorm", protocol, str(tmp_path)], timeout=240)
+@pytest.mark.parametrize("protocol,np_,args", [
+    ("bsp", 2, []), ("selsync", 2, []), ("rna", 2, []),
+    ("rnah", 3, ["servers=1"]),  # ranks 0, 1 workers, rank 2 the server; the final average carries the statistics
+])
+def test_batchnorm_statistics_end_equal_on_every_rank(protocol, np_, args, tmp_path):
+    launch(np_, [SCRIPT, "batchnorm", protocol, str(tmp_path)] + args, timeout=240)
     w0, w1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
     names = w0.files
     assert len(names) == 8  # 2 Dense x (kernel, bias) + BN gamma, beta, moving mean, moving variance

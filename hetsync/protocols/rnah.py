@@ -590,15 +590,28 @@ class HierarchicalRNAProtocol(RNAProtocol):
         }
 
     def _average_workers(self):
-        """w <- mean over the workers, on every rank (servers included); the drift before it is reported."""
+        """w <- mean over the workers, on every rank (servers included); the drift before it is reported.
+
+        The model's float32 non-trainable state (:attr:`state_variables`: BatchNormalization's moving mean and
+        variance) rides in the same allreduce and is replaced by the workers' mean too, so every rank leaves
+        ``fit`` with the same full model. The drift is that of the trainable parameters only.
+        """
         self._vars = self._vars or list(self.optimizer._trainable_variables)
+        ids = {id(v) for v in self._vars}
+        state = [v for v in self.state_variables if v.dtype == "float32" and id(v) not in ids]
         x = np.concatenate([np.ravel(v.numpy()) for v in self._vars]).astype(np.float32)
+        z = np.concatenate([np.ravel(v.numpy()) for v in state] + [np.zeros(0, np.float32)]).astype(np.float32)
         weight = 0.0 if self.serves else 1.0
-        s = transport.allreduce_sum([tf.constant(np.append(x * weight, weight).astype(np.float32))],
+        # [x_r, z_r, 1] weighted 0 on a server, 1 on a worker: the sum's last entry counts the workers
+        s = transport.allreduce_sum([tf.constant((np.concatenate([x, z, [1.0]]) * weight).astype(np.float32))],
                                     name="hetsync_rnah_final_avg")[0].numpy()
         mean = (s[:-1] / s[-1]).astype(np.float32)
-        drift = self.parameter_drift(x, mean, name="hetsync_rnah_final_drift", active=not self.serves)
-        self.set_flat_weights(mean)
+        drift = self.parameter_drift(x, mean[:x.size], name="hetsync_rnah_final_drift", active=not self.serves)
+        self.set_flat_weights(mean[:x.size])
+        off = x.size
+        for v in state:
+            v.assign(np.reshape(mean[off:off + int(np.prod(v.shape))], v.shape))
+            off += int(np.prod(v.shape))
         self._final = {"final_average": True, "drift_before_final_average": drift}
 
     def flat_weights(self):
