@@ -254,24 +254,42 @@ def test_failed_solo_measurement_raises_with_the_output(tmp_path):
 
 # --- the quick preset, end to end, on 2 ranks with tiny settings ---------------------------------
 
-@pytest.mark.mpi
-@pytest.mark.timeout(1500)  # one launch per registered protocol; slow when other jobs share the cores
-def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
+QUICK = ["--preset", "quick", "--np", "2", "--scenario", "digits/random:3", "--epochs", "2", "--seeds", "0"]
+# one protocol of each family besides BSP (always run): RNA, hierarchical RNA (groups + server), a parameter
+# server (1 worker + 1 server on 2 ranks), decentralized Hop, task allocation's uneven shares. Every protocol's
+# launch under keras_digits.py is covered by test_dead_peer_mp / test_soak; the default plan by the dry run below.
+QUICK_PROTOCOLS = ["rna", "rnah", "asp", "hop", "taskalloc"]
+
+
+def test_default_plan_runs_every_registered_protocol_bsp_first():
     import subprocess
 
     import hetsync.protocols
+
+    proc = subprocess.run([PY, "-m", "hetsync.bench", *QUICK, "--dry-run"], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  seed 0  digits/device:40+random:3")]
+    assert [r[-1] for r in rows][0] == "bsp"
+    assert sorted(r[-1] for r in rows) == sorted(hetsync.protocols.WRAPPERS)
+    assert f"{len(hetsync.protocols.WRAPPERS)} training launches" in proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(1500)  # one launch per protocol in the run; slow when other jobs share the cores
+def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
+    import subprocess
 
     out = tmp_path / "bench"
     fake_readme = tmp_path / "README.md"
     fake_readme.write_text("# hetsync\n\nintro\n\n## Results\n\n" + readme.BEGIN + "\nold\n" + readme.END
                            + "\n\n## After\n")
-    cmd = [PY, "-m", "hetsync.bench", "--preset", "quick", "--np", "2", "--scenario", "digits/random:3",
-           "--epochs", "2", "--seeds", "0", "--micro-repeats", "3", "--no-progress", "--out", str(out),
-           "--update-readme", "--readme", str(fake_readme)]
+    cmd = [PY, "-m", "hetsync.bench", *QUICK, "--protocols", ",".join(QUICK_PROTOCOLS), "--micro-repeats", "3",
+           "--no-progress", "--out", str(out), "--update-readme", "--readme", str(fake_readme)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = read_json(out / "results.json")
-    protocols = sorted(hetsync.protocols.WRAPPERS)
+    protocols = sorted(["bsp"] + QUICK_PROTOCOLS)
     assert sorted(res["protocols"]) == protocols and res["protocols"][0] == "bsp"
     assert len(res["runs"]) == len(protocols)
     solo = res["solo"]["digits/device:40+random:3"]
