@@ -51,7 +51,7 @@ run: deps
 	    $(DATA) --model mlp --lr 0.2 --epochs $(EPOCHS) --eval-every $(EVAL_EVERY) --target-accuracy 0.9 \
 	    --quiet --out $(RUN_OUT)/$$p; \
 	done
-	$(PY) -m hetsync.report $(RUN_OUT)
+	$(PY) -m hetsync.bench.report $(RUN_OUT)
 
 # Benchmark suite (hetsync.bench): every registered protocol x scenarios x seeds, real horovodrun launches.
 # `bench` is the report (about 15 min on a quiet machine, see `--dry-run`; rewrites the README's Results

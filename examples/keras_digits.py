@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.data.shards
 
 
 def build_model(kind, input_shape, num_classes, seed):
@@ -104,7 +105,7 @@ def main(argv=None, extra_callbacks=()):
     # Everything the user can get wrong is checked here, before any training.
     try:
         proto_kwargs = hetsync.protocols.parse_protocol_args(args.protocol, args.protocol_arg)
-        hetsync.partition.parse_partition(args.partition)
+        hetsync.data.shards.parse_partition(args.partition)
         if args.as_rank is not None and size != 1:
             raise ValueError(f"--as-rank runs one process alone; launched with {size} ranks")
         slowdown = hetsync.callbacks.Slowdown(args.slowdown, seed=args.seed, rank=args.as_rank,
@@ -132,7 +133,7 @@ def main(argv=None, extra_callbacks=()):
     metrics = hetsync.callbacks.SyncMetrics(args.out, opt)
     callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [accuracy, metrics]  # hetsync
     t0 = time.time()
-    fit_data = hetsync.partition.local_fit_data(opt.hetsync_protocol, ds.x_train, ds.y_train, args.batch_size,
+    fit_data = hetsync.data.shards.local_fit_data(opt.hetsync_protocol, ds.x_train, ds.y_train, args.batch_size,
                                                 seed=args.seed, partition=args.partition)
     if backup is not None:  # before standard(): it restores before the initial broadcast
         backup.dataset, backup.metrics = fit_data["x"], metrics

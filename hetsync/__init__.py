@@ -9,24 +9,43 @@ Launch with ``horovodrun --mpi -np N python script.py``; in the script::
     model.fit(x, y, callbacks=hetsync.callbacks.standard(opt))
     model.save("model.keras"); model = hetsync.load_model("model.keras")  # same protocol and config
 
-Layout: ``hetsync.ops`` (compiled op library), ``hetsync.transport`` (horovod collectives and the
-point-to-point dispatcher), ``hetsync.protocols.<name>`` (one module per protocol),
-``hetsync.callbacks`` (Keras callbacks), ``hetsync.slowdown`` (straggler scenarios),
-``hetsync.data`` (data sets). Importing hetsync changes no process-wide setting; ``init()`` does
-(horovod's stall timeout, OpenMPI's yield when oversubscribed).
+Layout (the architecture page of the documentation has the rules of what may import what):
+``hetsync.world`` (launch, rank, size), ``hetsync.roles`` (workers and servers), ``hetsync.errors``
+(every exception), ``hetsync.transport`` (horovod collectives, point-to-point dispatcher),
+``hetsync.ops`` (compiled op library), ``hetsync.core`` (what every protocol shares),
+``hetsync.protocols`` (one folder per family, the registry), ``hetsync.data`` (data sets, shards,
+the sample pool), ``hetsync.emulation`` (heterogeneity scenarios, faults), ``hetsync.callbacks``
+(Keras callbacks), ``hetsync.sim`` (TF-free simulators), ``hetsync.bench`` (the training job and
+benchmarks).
+
+Importing hetsync loads no TensorFlow and changes no process-wide setting: names are resolved on
+first use, and ``init()`` sets horovod's stall timeout and OpenMPI's yield when oversubscribed.
 """
-from . import callbacks, data, ops, partition, protocols, slowdown, transport
-from .protocols import (ASP, BSP, RNA, SHAT, SSP, Ensemble, FedAvg, HierarchicalRNA, Hop, LocalSGD, NotifyAck,
-                        Protocol, SelSync, SHATRoot, TaskAllocation, load_model)
-from .runtime import (init, is_server, launch_mode, local_rank, local_size, mpi_enabled, num_servers, num_workers,
-                      rank, role, shutdown, size, worker_rank)
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown", "load_model",
-    "num_workers", "num_servers", "is_server", "worker_rank", "role",
-    "BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
-    "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP", "HierarchicalRNA",
-    "callbacks", "data", "ops", "partition", "protocols", "slowdown", "transport",
-]
+_WORLD = ("init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown")
+_ROLES = ("num_workers", "num_servers", "is_server", "worker_rank", "role")
+_PROTOCOLS = ("BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
+              "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP", "HierarchicalRNA", "load_model")
+_SUBMODULES = ("world", "roles", "errors", "transport", "ops", "core", "protocols", "data", "emulation", "callbacks",
+               "sim", "bench")
+
+_EXPORTS = {**{n: "hetsync.world" for n in _WORLD}, **{n: "hetsync.roles" for n in _ROLES},
+            **{n: "hetsync.protocols" for n in _PROTOCOLS}}
+
+__all__ = list(_WORLD + _ROLES + _PROTOCOLS + _SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"hetsync.{name}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hetsync' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,6 +5,14 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import settings as _hypothesis_settings
+
+# Hypothesis: derandomized under CI (CI=true), so a CI run draws the same examples every time; random
+# locally, where new examples are wanted. HYPOTHESIS_PROFILE overrides either.
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+_hypothesis_settings.register_profile("dev", print_blob=True)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+import hetsync.bench.launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MP_DIR = os.path.join(ROOT, "tests", "mp")

@@ -13,7 +13,7 @@ timeout fails :func:`test_blocking_call_has_a_timeout`.
 
 Not counted: ``with lock:`` critical sections (short, never held across a wait), and the horovod
 collectives, which are bounded by horovod's stall shutdown (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``,
-set by :func:`hetsync.runtime.init`; checked here) and only called in ``hetsync/transport``.
+set by :func:`hetsync.world.init`; checked here) and only called in ``hetsync/transport``.
 
 Behaviour tests: the dispatcher's creation (a collective communicator duplication that had no
 timeout) fails with an error naming the rank and the world when a rank never comes (2-rank mpirun).

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hetsync
-from hetsync.checkpoint import BackupAndRestore, atomic_save, complete_checkpoints, load_checkpoint
+from hetsync.callbacks.checkpoint import BackupAndRestore, atomic_save, complete_checkpoints, load_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -139,7 +139,7 @@ def test_protocol_state_round_trip_and_bad_state():
 
 def test_a_rank_ahead_keeps_the_step_the_slowest_rank_reached(tmp_path, monkeypatch):
     """Asynchronous protocols: rank 0 at step 60, rank 1 at 30; rank 0 must keep step 30."""
-    from hetsync import runtime
+    from hetsync import world as runtime
     for r, steps in ((0, range(10, 61, 10)), (1, (20, 30))):
         for k in steps:
             atomic_save(str(tmp_path / f"rank{r}"), k, [], {})

@@ -8,7 +8,7 @@ import pytest
 
 import hetsync
 from hetsync import protocols
-from hetsync.protocols.config import ProtocolConfig
+from hetsync.core.config import ProtocolConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from hetsync import data
+from hetsync.data import datasets as data
 
 
 def _write_idx(path, arr, code=0x08, compress=True):

@@ -2,7 +2,7 @@
 
 Each run is a real launch of ``examples/keras_digits.py`` (digits, 2 epochs on an emulated 50 ms device, so
 training lasts past the fault) whose scenario SIGKILLs one rank 1.5 s after its train begin
-(``kill:RANK:1.5``, :class:`hetsync.slowdown.Fault`). The job must end with a non-zero status, the launcher's
+(``kill:RANK:1.5``, :class:`hetsync.emulation.scenario.Fault`). The job must end with a non-zero status, the launcher's
 message must name the killed rank, and no rank may wait out a timeout: the time from the kill (the unix
 time the fault prints) to the launcher's exit is bounded (60 s here, against horovod's 300 s stall
 timeout and the protocols' 120 s ``timeout_s``; the measured figure is about a second under mpirun).
@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import launch
+import hetsync.emulation.scenario
 
 DIGITS = "examples/keras_digits.py"
 PS = ("asp", "ensemble", "rnah", "shat", "shatroot", "ssp")  # need --protocol-arg servers=1 and 3 ranks (2 workers)

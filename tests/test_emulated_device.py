@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from hetsync import ops
-from hetsync import slowdown as sd
+from hetsync.emulation import scenario as sd
 
 from conftest import launch, read_json, read_jsonl
 

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import launch, read_json, read_jsonl
 
-from hetsync.protocols import hop_graph
+from hetsync.protocols.hop import graph as hop_graph
 
 pytestmark = pytest.mark.mpi
 

@@ -1,7 +1,7 @@
 """Hop's timing model (hetsync.sim.hop): closed forms and the gap bounds of Theorem 2, section 4.4 and section 5."""
 import pytest
 
-from hetsync.protocols import hop_graph
+from hetsync.protocols.hop import graph as hop_graph
 from hetsync.sim import hop as sim
 
 

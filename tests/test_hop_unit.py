@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hetsync.protocols import hop_graph
-from hetsync.protocols.hop import HopConfig, staleness_reduce, staleness_weights
-from hetsync.protocols.notifyack import NotifyAckConfig
+from hetsync.protocols.hop import graph as hop_graph
+from hetsync.protocols.hop.protocol import HopConfig, staleness_reduce, staleness_weights
+from hetsync.protocols.hop.notifyack import NotifyAckConfig
 
 
 @pytest.mark.parametrize("name,n,degree", [("ring", 4, 2), ("ring", 8, 2), ("ring-based", 8, 3), ("ring-based", 16, 3),

@@ -125,7 +125,7 @@ def test_plain_keras_load_model_also_rewraps_once_hetsync_is_imported(tmp_path):
 
 
 def test_a_saved_unknown_protocol_is_refused_clearly():
-    from hetsync.protocols.wrapper import wrapped_class
+    from hetsync.core.wrapper import wrapped_class
 
     cls = wrapped_class(hetsync.protocols.BSPProtocol, keras.optimizers.SGD)
     config = keras.optimizers.SGD(0.1).get_config()

@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 import hetsync
-from hetsync.protocols import base
-from hetsync.protocols.base import NONFINITE_MARK, NonFiniteError, Protocol
+import hetsync.core.wrapper
+from hetsync.core import protocol as base
+from hetsync.core.protocol import NONFINITE_MARK, NonFiniteError, Protocol
 
 BAD_STEP = 3
 BATCH = 8
@@ -85,7 +86,7 @@ def test_nan_gradient_stops_the_step_naming_rank_and_step(wrapper):
 
 
 def test_nothing_is_sent_for_the_nonfinite_step():
-    opt = hetsync.protocols.wrapper.wrap(keras.optimizers.SGD(0.1), _Recording())
+    opt = hetsync.core.wrapper.wrap(keras.optimizers.SGD(0.1), _Recording())
     x, y = _data()
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"rank 0 at step {BAD_STEP}"):
         _fit(opt, x, y)

@@ -1,8 +1,8 @@
-"""hetsync.partition: SelDP order, label skew, eq. (3) batch sizes, injector draws (single process)."""
+"""hetsync.data.shards: SelDP order, label skew, eq. (3) batch sizes, injector draws (single process)."""
 import numpy as np
 import pytest
 
-from hetsync import partition
+from hetsync.data import shards as partition
 
 
 def test_seldp_order_for_four_ranks_is_the_rotated_circular_queue():

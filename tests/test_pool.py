@@ -1,11 +1,12 @@
-"""The epoch's sample pool (hetsync.pool, issue 15), in one process: exact coverage, the last
+"""The epoch's sample pool (hetsync.data.pool, issue 15), in one process: exact coverage, the last
 batch, "empty", confirmations, timeouts, data_plan validation and a real Keras fit on the pool."""
 import keras
 import numpy as np
 import pytest
 
 import hetsync
-from hetsync import pool, transport
+from hetsync import transport
+from hetsync.data import pool as pool
 
 
 def drain_epoch(state, epoch, ranks):

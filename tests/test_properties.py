@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hetsync import protocols
-from hetsync import slowdown as sd
-from hetsync.protocols import _checks
+from hetsync.emulation import scenario as sd
+from hetsync.core import checks as _checks
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -323,3 +323,22 @@ def test_any_wrapper_arguments_wrap_or_raise_value_error_naming_them(name, cfg_c
         assert _message_names(str(exc), cfg_cls, kwargs), (name, kwargs, str(exc))
         return
     _accepted_is_valid(opt.hetsync_protocol.cfg, typing.get_type_hints(cfg_cls))
+
+
+def test_a_huge_task_allocation_total_is_refused_at_once():
+    """Regression: hypothesis once drew total=10**12 for TaskAllocation; the configuration accepted it and the
+    allocation's rounding added one unit per loop iteration, so wrapping never returned. Now every count is
+    bounded (hetsync.core.checks.MAX_COUNT) and the rounding is O(n log n) whatever the total."""
+    import time
+
+    from hetsync.core.checks import MAX_COUNT
+    from hetsync.protocols.taskalloc.allocation import round_allocation
+
+    cfg_cls = protocols.get_config_class("taskalloc")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"total must be at most 1048576 .*got 1000000000000$"):
+        cfg_cls(total=10**12)
+    assert cfg_cls(total=MAX_COUNT).total == MAX_COUNT
+    a = round_allocation([1.0, 2.0, 0.5], 10**15)
+    assert a.sum() == 10**15 and a.max() - a.min() <= 1
+    assert time.monotonic() - t0 < 5.0

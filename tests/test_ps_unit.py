@@ -9,8 +9,8 @@ import pytest
 
 import hetsync
 from hetsync import protocols, transport
-from hetsync.protocols.ps_server import PULL, PUSH, ParameterServer, PSError, plan_shards
-from hetsync.protocols.shat import shat_alpha
+from hetsync.protocols.ps.server import PULL, PUSH, ParameterServer, PSError, plan_shards
+from hetsync.protocols.ps.shat import shat_alpha
 from hetsync.transport.p2p import Dispatcher, Message
 
 
@@ -232,9 +232,9 @@ def test_a_launch_without_a_worker_left_fails_before_training():
     with pytest.raises(ValueError, match="SHAT: servers=1 leaves no worker: the launch has 1 rank"):
         opt.hetsync_protocol.fit_data(np.zeros((8, 2), np.float32), np.zeros(8, np.int64), 4)
     with pytest.raises(ValueError, match="leaves no worker"):
-        hetsync.runtime.set_servers(1)
+        hetsync.world.set_servers(1)
     with pytest.raises(ValueError, match="servers must be an int >= 0"):
-        hetsync.runtime.set_servers(-1)
+        hetsync.world.set_servers(-1)
 
 
 def test_roles_follow_the_wrapped_protocol():

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import hetsync
 from hetsync import ops
-from hetsync.protocols.rna import RNAProtocol
+from hetsync.protocols.rna.protocol import RNAProtocol
 
 
 @pytest.fixture(scope="module", autouse=True)

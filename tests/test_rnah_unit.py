@@ -5,7 +5,7 @@ import pytest
 
 import hetsync
 from hetsync.protocols import HierarchicalRNAConfig, parse_protocol_args
-from hetsync.protocols.rnah_control import (GroupController, SlotAverage, check_groups_fit, speed_groups)
+from hetsync.protocols.rna.groups import GroupController, SlotAverage, check_groups_fit, speed_groups
 
 
 @pytest.mark.parametrize("times, groups", [

@@ -5,7 +5,7 @@ import pytest
 
 import hetsync
 from hetsync import protocols
-from hetsync.protocols.selsync import ewma_reference
+from hetsync.protocols.local.selsync import ewma_reference
 
 
 @pytest.fixture(scope="module", autouse=True)

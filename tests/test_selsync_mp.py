@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import launch, read_json, read_jsonl
-from hetsync.protocols.selsync import ewma_reference
+from hetsync.protocols.local.selsync import ewma_reference
 
 pytestmark = pytest.mark.mpi
 

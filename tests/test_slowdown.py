@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hetsync import slowdown as sd
+from hetsync.emulation import scenario as sd
 
 
 def test_parses_each_scenario():

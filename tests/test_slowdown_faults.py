@@ -5,7 +5,7 @@ import os
 import pytest
 
 from conftest import launch, read_json, read_jsonl
-from hetsync import slowdown as sd
+from hetsync.emulation import scenario as sd
 
 DIGITS = "examples/keras_digits.py"
 

@@ -50,7 +50,7 @@ def test_bad_draw_arguments_are_refused_naming_the_value(bad, match):
 
 
 def test_scenarios_parse_for_their_world_size():
-    from hetsync import slowdown
+    from hetsync.emulation import scenario as slowdown
 
     for r in soak.draw_runs(100, seed=1):
         slowdown.parse_spec(r["scenario"]).validate(r["np"])

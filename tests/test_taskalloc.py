@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hetsync
-from hetsync.protocols import taskalloc as ta
+from hetsync.protocols.taskalloc import protocol as ta
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -103,8 +103,8 @@ def test_bad_arguments_are_refused_before_training(kwargs, message):
 
 
 def test_total_smaller_than_world_size_is_refused(monkeypatch):
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     with pytest.raises(ValueError, match="total C=3 is smaller than the world size 4"):
         hetsync.TaskAllocation(keras.optimizers.SGD(0.1), total=3)
 
@@ -150,8 +150,8 @@ def test_single_process_static_training_runs_one_step_per_round():
 
 def test_adaptive_reallocates_then_freezes_once_the_change_stays_below_the_threshold(monkeypatch):
     """end_epoch on a simulated 4-rank world: eq. (10), the threshold and the patience rule."""
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=28, threshold=0.05, patience=2)
     proto = opt.hetsync_protocol
     proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 35)  # 4 x 35 = 140 samples per round: micro-batch 5
@@ -195,8 +195,8 @@ def test_predicted_gain_is_the_relative_shortening_of_the_slowest_ranks_round():
 def test_adaptive_adopts_a_small_move_that_unloads_the_bottleneck(monkeypatch):
     """One micro-batch off the slow rank moves 1/32 of the global batch (below a 0.05 threshold on the
     fraction moved) but shortens the round by 20%: it is adopted."""
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[9, 10, 8, 5], threshold=0.05)
     proto = opt.hetsync_protocol
     proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 40)  # 4 x 40 = 160 samples = 32 micro-batches of 5
@@ -216,8 +216,8 @@ def test_adaptive_adopts_a_small_move_that_unloads_the_bottleneck(monkeypatch):
 def test_speed_is_pooled_over_the_epochs_of_one_allocation_and_reset_when_it_changes(monkeypatch):
     """The callback's v_i: median of m_i / step time over every step since w last changed (first step
     of each epoch left out), on a fake clock."""
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="static", weights=[8, 8, 8, 8])
     proto = opt.hetsync_protocol
     proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 40)  # micro-batches of 5
@@ -309,8 +309,8 @@ def test_default_micro_batch_rounds_and_refuses_bad_values():
 def test_default_adaptive_allocation_has_bsps_global_batch(monkeypatch, n):
     """The issue's case: adaptive by default, b = 32: C = 32 n single-sample micro-batches, n x 32 samples
     per round (BSP's global batch), fine enough for any speed ratio; micro_batch=4 gives C = 8 n."""
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: n)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: n)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive").hetsync_protocol
     fit = proto.fit_data(np.zeros((1000, 2)), np.zeros(1000), 32)
     assert proto.total == 32 * n and proto.micro_batch == 1 and proto.batch_size == 32
@@ -337,8 +337,8 @@ def test_adaptive_default_expresses_a_two_to_one_speed_ratio():
 
 
 def test_explicit_micro_batch_gives_c_micro_batches_of_that_size(monkeypatch):
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 4)
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: 0)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
     # adaptive, micro_batch alone: the unit of the allocation, C = n b / 16 = 8, BSP's global batch
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", micro_batch=16).hetsync_protocol
     proto.fit_data(np.zeros((2000, 2)), np.zeros(2000), 32)
@@ -357,9 +357,9 @@ def test_explicit_micro_batch_gives_c_micro_batches_of_that_size(monkeypatch):
 
 
 def test_step_samples_are_the_counts_of_the_current_plan(monkeypatch):
-    monkeypatch.setattr(hetsync.runtime, "size", lambda: 2)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 2)
     rank = {"r": 0}
-    monkeypatch.setattr(hetsync.runtime, "rank", lambda: rank["r"])
+    monkeypatch.setattr(hetsync.world, "rank", lambda: rank["r"])
     proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[3, 1]).hetsync_protocol
     assert proto.step_samples(0) is None  # no plan before fit_data
     proto.fit_data(np.zeros((50, 2)), np.zeros(50), 4)  # 2 x 4 = 8 samples per round: micro-batch 2
@@ -393,3 +393,26 @@ def test_the_plan_is_published_under_its_lock():
     worker.join(10)
     assert not worker.is_alive() and proto.epoch == 1 and proto._indices is proto._plans[1]
     assert proto._indices is not before[1]
+
+
+def _one_unit_at_a_time(ideal, total, minimum):
+    """The definition of the largest-remainder rule, one unit per step (the reference for the fast rounding)."""
+    x = np.asarray(ideal, dtype=np.float64)
+    a = np.maximum(minimum, np.floor(x)).astype(np.int64)
+    while a.sum() < total:
+        a[int(np.argmax(x - a))] += 1
+    while a.sum() > total:
+        a[int(np.argmin(np.where(a > minimum, x - (a - 1), np.inf)))] -= 1
+    return a
+
+
+def test_fast_rounding_equals_the_one_unit_rule_including_ties():
+    from hetsync.protocols.taskalloc.allocation import round_allocation
+
+    rng = np.random.default_rng(7)
+    for trial in range(1500):
+        n, minimum = int(rng.integers(1, 9)), int(rng.integers(0, 3))
+        ideal = np.round(rng.uniform(0, 40, n) * rng.choice([1.0, 0.05], n), int(rng.integers(0, 3)))
+        total = int(rng.integers(n * minimum, n * minimum + 150))
+        np.testing.assert_array_equal(round_allocation(ideal, total, minimum),
+                                      _one_unit_at_a_time(ideal, total, minimum), err_msg=f"{ideal} {total} {minimum}")

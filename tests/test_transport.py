@@ -165,12 +165,14 @@ def _imports(tree):
             yield "mpi4py"  # importlib.import_module("mpi4py") / __import__("mpi4py")
 
 
-def test_only_transport_imports_mpi4py():
+def test_only_world_and_transport_import_mpi4py():
+    """MPI is initialised by hetsync.world.init (with thread support, shared with horovod); every
+    message after that goes through hetsync.transport."""
     offenders, found = [], []
     mpi_methods = {"isend", "irecv", "iprobe", "Iprobe", "improbe", "Isend", "Irecv", "Dup", "Sendrecv"}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        allowed = rel.startswith("transport/")
+        allowed = rel.startswith("transport/") or rel == "world.py"
         tree = ast.parse(path.read_text(), filename=str(path))
         mods = [m for m in _imports(tree) if m == "mpi4py" or m.startswith("mpi4py.")]
         calls = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in mpi_methods})
@@ -179,7 +181,7 @@ def test_only_transport_imports_mpi4py():
         if (mods or calls) and not allowed:
             offenders.append(f"{rel}: {mods + calls}")
     assert not offenders, offenders
-    assert sorted(found) == ["transport/mpi_world.py", "transport/p2p.py"]  # the check does see the real imports
+    assert sorted(found) == ["transport/p2p.py", "world.py"]  # the check does see the real imports
     assert not hasattr(transport, "p2p_comm")  # no raw communicator is handed out
 
 

@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from hetsync.bench import efficiency, launch, matrix  # noqa: E402
+import hetsync.bench.matrix
 
 
 def variants(scenario, args):

@@ -24,7 +24,7 @@ median over epochs ``--skip`` .. end ("once stable"). Two heterogeneity efficien
   a number of epochs proportional to it, so they run for about as long; speeds over the window in
   which all n ran. ``--no-solo`` skips it. The epoch time includes the epoch-end exchange and
   evaluation snapshot, which the solo speeds leave out, so E errs low;
-* ``E in-run``, the protocol's own (:func:`hetsync.protocols.taskalloc.heterogeneity_efficiency`, the
+* ``E in-run``, the protocol's own (:func:`hetsync.protocols.taskalloc.protocol.heterogeneity_efficiency`, the
   paper's v_i = D_i / t_s^i): the fraction of the epoch the ranks spend computing. Where ranks share
   cores it understates E: a waiting rank yields its core and the others compute faster meanwhile.
 
@@ -35,7 +35,7 @@ default is 5 ms, too long against rounds of a few tens of milliseconds; ``--cycl
 horovod's default). Prints a table and writes ``OUT/results.json``.
 
 ``--device MS`` runs every configuration on the emulated cluster (scenario part ``device:MS``, see
-:mod:`hetsync.slowdown`): each step lasts K_i x MS x samples / b ms whatever the cores do, so the
+:mod:`hetsync.emulation.scenario`): each step lasts K_i x MS x samples / b ms whatever the cores do, so the
 ranks' speeds are those of their devices; E is then also given against the analytic solo speeds
 b / (K_i MS) (``E analytic``), and the overrun steps are reported. ``--speeds`` sets the
 heterogeneous scenario (e.g. ``speeds:1,1,1,1,1,1,0.5,0.25`` with ``--np 8``).
@@ -77,6 +77,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from hetsync import slowdown  # noqa: E402
 from hetsync.bench import efficiency, launch  # noqa: E402
+import hetsync.bench.efficiency
+import hetsync.protocols.taskalloc.protocol
 
 PY = sys.executable
 

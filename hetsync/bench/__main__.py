@@ -25,8 +25,8 @@ def parse_args(argv=None):
     Returns:
         ``(args, preset, protocols, protocol_args)``.
     """
-    from .. import protocols as _protocols
-    from . import matrix
+    from hetsync import protocols as _protocols
+    from hetsync.bench import matrix
 
     p = argparse.ArgumentParser(prog="hetsync-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -112,7 +112,7 @@ def parse_args(argv=None):
 def main(argv=None):
     """Entry point. Returns the exit code: 0, or 1 if a run failed."""
     args, preset, names, proto_args = parse_args(argv)
-    from . import matrix, table
+    from hetsync.bench import matrix, table
 
     out = args.out or os.path.join(matrix.ROOT, "runs", f"bench-{preset.name}")
     order = matrix.plan(preset, names)
@@ -132,7 +132,7 @@ def main(argv=None):
         matrix.reanalyse(results, args.report_from)
         return _report(args, results, args.report_from, results.get("micro"))
     if not args.no_micro:
-        from . import micro as _micro
+        from hetsync.bench import micro as _micro
 
         print("op microbenchmarks...", file=sys.stderr)
         micro = _micro.run_all(repeats=args.micro_repeats)
@@ -150,7 +150,7 @@ def main(argv=None):
 
 def _report(args, results, out, micro):
     """Write results.json, results.md and the plots (and the README section); print the table."""
-    from . import plots, readme, table
+    from hetsync.bench import plots, readme, table
 
     pngs = plots.make_all(results, os.path.join(out, "plots"))
     md = table.markdown_table(results)

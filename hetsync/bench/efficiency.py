@@ -23,17 +23,14 @@ import subprocess
 import sys
 import time
 
-from .. import slowdown as _slowdown
+from hetsync.emulation import scenario as _slowdown
+from hetsync.errors import SoloError
 
 __all__ = ["steady_rate", "run_rates", "window_rates", "efficiency", "bsp_expected_efficiency", "solo_spec",
            "analytic_solo", "bsp_expected_efficiency_emulated", "measure_solo", "SoloError", "read_jsonl"]
 
 #: seconds granted to a killed solo process to exit and hand back its output.
 REAP_S = 30.0
-
-
-class SoloError(RuntimeError):
-    """A solo-speed measurement failed (the message carries the command and its output)."""
 
 
 def read_jsonl(path):
@@ -241,7 +238,7 @@ def _emulated(spec, world_size):
 def analytic_solo(spec, world_size, batch_size):
     """Analytic solo speeds v_i of an emulated run: samples per second of each rank's expected step.
 
-    v_i = b / (E[K_i] x MS + E[extra_i]) x 1000 (:meth:`hetsync.slowdown.Scenario.expected_step_ms`
+    v_i = b / (E[K_i] x MS + E[extra_i]) x 1000 (:meth:`hetsync.emulation.scenario.Scenario.expected_step_ms`
     for a full step of b samples): what rank i would train alone on the emulated device. For a
     step of another size the factor part scales with it, so v_i holds for any step size when the
     scenario has no additive (``uniform``) delay.
@@ -299,13 +296,13 @@ def solo_spec(spec):
     ``stall``, ``kill``) parts: a solo speed is measured without them.
 
     Args:
-        spec: str slowdown spec (see :func:`hetsync.slowdown.parse_spec`).
+        spec: str slowdown spec (see :func:`hetsync.emulation.scenario.parse_spec`).
 
     Returns:
         str spec ("none" if nothing is left).
 
     Raises:
-        ValueError: a bad spec (as :func:`hetsync.slowdown.parse_spec`).
+        ValueError: a bad spec (as :func:`hetsync.emulation.scenario.parse_spec`).
     """
     scenario = _slowdown.parse_spec(spec)
     if scenario.spec == "none":

@@ -7,7 +7,7 @@ are measured (:func:`hetsync.bench.efficiency.measure_solo`). Every figure is th
 run *from the same seed and cell* (ratios), and summarised over seeds by the median and the min-max
 spread.
 
-The presets run on the *emulated cluster* (scenario part ``device:MS``, see :mod:`hetsync.slowdown`):
+The presets run on the *emulated cluster* (scenario part ``device:MS``, see :mod:`hetsync.emulation.scenario`):
 every step lasts the emulated device's time, real math inside, so 4-8 ranks sharing this machine's
 two cores measure the protocol, not the scheduler. Emulated runs also get E against the *analytic*
 solo speeds (b / expected step time of each rank), and a run is flagged when that E exceeds
@@ -27,8 +27,8 @@ import subprocess
 import sys
 import time
 
-from .. import slowdown as _slowdown
-from . import efficiency, launch
+from hetsync.emulation import scenario as _slowdown
+from hetsync.bench import efficiency, launch
 
 __all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
            "aggregate", "machine_description", "DATASETS", "ROOT", "JOB"]

@@ -38,7 +38,7 @@ def delay_overhead(repeats=30, chain=2000):
     """Per-op overhead of the delay op at 0 ms vs ``tf.identity_n`` (dict, microseconds per op)."""
     import tensorflow as tf
 
-    from .. import ops
+    from hetsync import ops
 
     control = tf.constant([0.0, 1.0, 0.0], tf.float64)
     tensors = [tf.ones([64, 128]), tf.ones([128]), tf.ones([128, 10]), tf.ones([10])]  # the example MLP's grads
@@ -65,7 +65,7 @@ def grad_cache_bench(repeats=30, values=CACHE_VALUES):
     """
     import tensorflow as tf
 
-    from .. import ops
+    from hetsync import ops
 
     name = f"gradient cache WriteOp+ReadOp ({values / 1e6:.0f}M float32)"
 
@@ -119,7 +119,7 @@ def rna_initiator_sim(iterations=2000):
     Returns:
         ``{"title", "headers", "rows"}``.
     """
-    from ..sim import rna_initiator as sim
+    from hetsync.sim import rna_initiator as sim
 
     rows = []
     for d in (1, 2, 3, 4):

@@ -2,7 +2,7 @@
 
 ``python -m hetsync.bench.pause`` runs, side by side in one invocation, 4-rank jobs of
 ``examples/keras_digits.py`` on the emulated cluster (``device:MS``: every step padded to MS
-milliseconds), for BSP and the asynchronous protocols on the sample pool (:mod:`hetsync.pool`),
+milliseconds), for BSP and the asynchronous protocols on the sample pool (:mod:`hetsync.data.pool`),
 each without a fault, with ``pause:1:AT:FOR`` (SIGSTOP/SIGCONT of rank 1's whole process) and with
 ``stall:1:AT:FOR`` (rank 1's training thread only sleeps; its background threads keep running).
 It reports per run the job's wall time (the launch, seconds), the training wall time
@@ -27,7 +27,7 @@ import time
 
 from tabulate import tabulate
 
-from . import launch
+from hetsync.bench import launch
 
 FAULTS = ("none", "pause", "stall")
 

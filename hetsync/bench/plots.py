@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .efficiency import read_jsonl  # noqa: E402
+from hetsync.bench.efficiency import read_jsonl  # noqa: E402
 
 __all__ = ["accuracy_plot", "timeline_plot", "make_all", "SEGMENTS"]
 

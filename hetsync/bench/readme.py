@@ -6,7 +6,7 @@ The section is everything between :data:`BEGIN` and :data:`END`; if the markers 
 import os
 import shutil
 
-from . import table
+from hetsync.bench import table
 
 __all__ = ["BEGIN", "END", "results_section", "update_readme"]
 

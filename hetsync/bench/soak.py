@@ -6,7 +6,7 @@ Each run is drawn from ``--seed`` (so a soak is reproducible): a protocol from t
 :data:`hetsync.protocols.WRAPPERS` (parameter-server protocols and hierarchical RNA only on launches
 with room for their servers and at least two workers), a rank count from ``--ranks``, a straggler
 scenario (``none``, ``random:K``, ``deterministic:R:K``, ``uniform:A:B``, ``speeds:...``,
-``device:MS+random:K``) or, when :mod:`hetsync.slowdown` knows them, a fault (``pause:RANK:AT_S:FOR_S``,
+``device:MS+random:K``) or, when :mod:`hetsync.emulation.scenario` knows them, a fault (``pause:RANK:AT_S:FOR_S``,
 ``stall:RANK:AT_S:FOR_S``: 0.5-1.5 s after the rank's train begin, for 2-5 s, on a device-emulated run
 so that training lasts long enough for the fault to land; a stall never hits a parameter server), a seed and 1-2 epochs. Every run is a real ``mpirun`` launch of
 ``examples/keras_digits.py`` on the ``digits`` data set, in its own process group, with a wall-clock
@@ -42,7 +42,7 @@ import time
 
 from tabulate import tabulate
 
-from . import launch
+from hetsync.bench import launch
 
 __all__ = ["draw_runs", "command", "launch_run", "lost_samples", "fault_kinds", "run_soak", "table", "totals",
            "totals_line", "main", "JOB", "ROOT", "BATCH_SIZE", "FAULT_DEVICE_MS", "REAP_S", "OWN_PLAN"]
@@ -73,12 +73,12 @@ def _protocol_min_ranks(name):
 
 
 def fault_kinds(world_size=2):
-    """Fault parts :mod:`hetsync.slowdown` accepts (subset of ``("pause", "stall")``), found by parsing them.
+    """Fault parts :mod:`hetsync.emulation.scenario` accepts (subset of ``("pause", "stall")``), found by parsing them.
 
     Args:
         world_size: int, the world size to validate the probe specs against.
     """
-    from hetsync import slowdown
+    from hetsync.emulation import scenario as slowdown
 
     kinds = []
     for kind in ("pause", "stall"):
@@ -209,7 +209,7 @@ _N_TRAIN = {}
 
 def _n_train(dataset, seed):
     if (dataset, seed) not in _N_TRAIN:
-        from hetsync import data
+        from hetsync.data import datasets as data
 
         _N_TRAIN[(dataset, seed)] = len(data.load(dataset, seed=seed).x_train)
     return _N_TRAIN[(dataset, seed)]

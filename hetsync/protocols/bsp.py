@@ -9,10 +9,10 @@ import typing
 
 import tensorflow as tf
 
-from .. import transport
-from .base import Protocol, present_gradients, scatter_gradients
-from .config import ProtocolConfig, param
-from .wrapper import protocol_wrapper
+from hetsync import transport
+from hetsync.core.protocol import Protocol, present_gradients, scatter_gradients
+from hetsync.core.config import ProtocolConfig, param
+from hetsync.core.wrapper import protocol_wrapper
 
 __all__ = ["BSP", "BSPProtocol", "BSPConfig"]
 
@@ -39,8 +39,8 @@ class BSPProtocol(Protocol):
 
     def transform(self, grads, variables):
         """Return (1/n) sum_i g_i for every present gradient (one fused allreduce, timed by
-        :meth:`hetsync.protocols.base.Protocol.synchronize`). The allreduce also carries the [n]
-        non-finite flags (:meth:`~hetsync.protocols.base.Protocol.nonfinite_flags`); a set flag
+        :meth:`hetsync.core.protocol.Protocol.synchronize`). The allreduce also carries the [n]
+        non-finite flags (:meth:`~hetsync.core.protocol.Protocol.nonfinite_flags`); a set flag
         stops every rank before the update, naming the rank."""
         present, dense = present_gradients(grads)
         out = self.synchronize(
@@ -57,7 +57,7 @@ class BSPProtocol(Protocol):
         and are left untouched (issue 15).
 
         Raises:
-            hetsync.protocols.base.NonFiniteError: some rank's state is not finite (on every rank).
+            hetsync.core.protocol.NonFiniteError: some rank's state is not finite (on every rank).
         """
         super().stop()
         if self.state_variables:
@@ -69,7 +69,7 @@ BSP = protocol_wrapper(BSPProtocol, """Wrap a Keras 3 optimizer for bulk-synchro
     Every step, each rank's gradients g_i (float tensors, one per trainable variable, any shape)
     are averaged over the n ranks in one fused horovod ``grouped_allreduce`` and the wrapped
     optimizer applies (1/n) sum_i g_i. Use with
-    :class:`hetsync.callbacks.BroadcastInitialVariables` so all ranks start equal; they then stay
+    :class:`hetsync.callbacks.core.BroadcastInitialVariables` so all ranks start equal; they then stay
     equal.
 
     Args:

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 from tabulate import tabulate
 
-from ..protocols import hop_graph
+from hetsync.protocols.hop import graph as hop_graph
 
 __all__ = ["step_times", "simulate", "main"]
 
@@ -62,7 +62,7 @@ def simulate(graph, times, mode="standard", backup_workers=1, staleness=5, max_i
     """Run the model; return the entry times, the iterations run, and the gap bounds observed.
 
     Args:
-        graph: a :class:`hetsync.protocols.hop_graph.Graph` on n ranks.
+        graph: a :class:`hetsync.protocols.hop.graph.Graph` on n ranks.
         times: float array [K, n], T_i(k) in ms (:func:`step_times`).
         mode: ``"standard"``, ``"backup"`` or ``"staleness"``.
         backup_workers: int N_buw (backup mode). staleness: int s (staleness mode). max_ig: int >= 1.
@@ -161,10 +161,10 @@ def main(argv=None):
 
     Raises:
         SystemExit: bad arguments (argparse names the value); ValueError: a graph the world size
-            does not allow (:func:`hetsync.protocols.hop_graph.build`).
+            does not allow (:func:`hetsync.protocols.hop.graph.build`).
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--graph", default="ring-based", help="a Hop graph name (hetsync.protocols.hop_graph.build)")
+    p.add_argument("--graph", default="ring-based", help="a Hop graph name (hetsync.protocols.hop.graph.build)")
     p.add_argument("--ranks", type=int, default=8, help="world size n")
     p.add_argument("--scenario", default="random", choices=("random", "deterministic", "none"),
                    help="random: each step 6x slower with probability 1/n; deterministic: the last rank 4x slower")

@@ -8,14 +8,12 @@
   process (its own duplicated communicator, a receive thread routing messages to named channels,
   timeouts on every wait, a counted shutdown). Needs an MPI launch (or a world of one rank).
 
-* :mod:`hetsync.transport.mpi_world`: MPI initialised with thread support, the world shared with
-  horovod (called by :func:`hetsync.runtime.init`).
+MPI itself is initialised (with thread support, the world shared with horovod) by
+:func:`hetsync.world.init`; apart from it, no module of hetsync outside this package imports mpi4py.
 
-No other module of hetsync imports mpi4py.
 """
-from .collectives import (allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables,
-                          max_abs_difference_across_ranks)
-from .p2p import Dispatcher, Message, TransportError, TransportTimeout, dispatcher, shutdown
+from hetsync.transport.collectives import allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables, max_abs_difference_across_ranks
+from hetsync.transport.p2p import Dispatcher, Message, TransportError, TransportTimeout, dispatcher, shutdown
 
 __all__ = [
     "allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",

@@ -7,7 +7,7 @@ tensor collectives return their input.
 """
 import tensorflow as tf
 
-from .. import runtime
+from hetsync import world
 
 __all__ = ["allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",
            "max_abs_difference_across_ranks"]
@@ -16,7 +16,7 @@ __all__ = ["allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "
 def _hvd():
     import horovod.tensorflow as hvd
 
-    if not runtime.is_initialized():
+    if not world.is_initialized():
         raise RuntimeError("hetsync is not initialised: call hetsync.init() before any collective")
     return hvd
 

@@ -35,7 +35,8 @@ import numbers
 import threading
 import time
 
-from .. import runtime
+from hetsync import world
+from hetsync.errors import TransportError, TransportTimeout
 
 __all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
            "DEFAULT_TIMEOUT_S", "CREATE_TIMEOUT_S", "MPI_TAG", "COUNTERS"]
@@ -55,24 +56,6 @@ CREATE_TIMEOUT_S = 120.0
 #: thread, returned by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends that
 #: had not completed when ``shutdown`` gave up on them.
 COUNTERS = ("sent", "received", "read", "discarded", "undelivered")
-
-
-class TransportTimeout(TimeoutError):
-    """A point-to-point wait exceeded its timeout; the message names the rank, the peer(s) and the channel.
-
-    Attributes:
-        pending: list of ``(peer, channel, tag)`` tuples still outstanding when the wait gave up
-            (sends not completed for :meth:`Dispatcher.flush`, peers whose end marker did not
-            arrive for :meth:`Dispatcher.drain`, the awaited sender for :meth:`Dispatcher.recv`).
-    """
-
-    def __init__(self, message, pending=()):
-        super().__init__(message)
-        self.pending = list(pending)
-
-
-class TransportError(RuntimeError):
-    """The point-to-point layer cannot be used: its receive thread failed, or it was shut down."""
 
 
 #: one received message: ``source`` (int rank), ``channel`` (str), ``tag`` (the sender's tag, any
@@ -583,10 +566,11 @@ def dispatcher(timeout_s=None):
     with _lock:
         d = _state["dispatcher"]
         if d is None:
-            runtime.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
+            world.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
             d = Dispatcher(_duplicate_world(timeout_s))
             _state["pending"] = None
             _state["dispatcher"] = d
+            world.register_shutdown(shutdown)  # hetsync.shutdown() counts what is in flight
             if not _state["atexit"]:
                 atexit.register(_shutdown_at_exit)
                 _state["atexit"] = True
@@ -597,15 +581,15 @@ def _duplicate_world(timeout_s):
     """``MPI.COMM_WORLD`` duplicated collectively (``Idup``), waiting at most ``timeout_s`` seconds."""
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
+    comm_world = MPI.COMM_WORLD
     if _state.get("pending") is None:  # a call that timed out left its duplication pending: wait for that one
-        _state["pending"] = world.Idup()
+        _state["pending"] = comm_world.Idup()
     comm, request = _state["pending"]
     deadline = time.monotonic() + timeout_s
     while not request.Test():
         if time.monotonic() > deadline:
             raise TransportTimeout(
-                f"rank {world.Get_rank()}: timed out after {timeout_s:g} s creating the point-to-point dispatcher "
+                f"rank {comm_world.Get_rank()}: timed out after {timeout_s:g} s creating the point-to-point dispatcher "
                 f"(a collective duplication of the world of {world.Get_size()} ranks): some rank did not call "
                 "hetsync.transport.dispatcher() (dead, stalled or on another code path)")
         time.sleep(POLL_S * 10)

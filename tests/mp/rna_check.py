@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import hetsync
-import hetsync.protocols.rna as rna_module
+import hetsync.protocols.rna.protocol as rna_module
 
 mode, out_path = sys.argv[1], sys.argv[2]
 hetsync.init()
@@ -121,7 +121,7 @@ cbs.append(Stall())
 error = None
 try:
     model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
-except hetsync.protocols.rna.RNAError as exc:
+except hetsync.protocols.rna.protocol.RNAError as exc:
     error = str(exc)
 stop_s = time.time() - timer.t
 wall = time.time() - t0

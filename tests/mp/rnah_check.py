@@ -2,7 +2,7 @@
 
     python tests/mp/rnah_check.py MODE OUT.json
 
-An observer wrapped around the ops module of :mod:`hetsync.protocols.rnah` and around the protocol's
+An observer wrapped around the ops module of :mod:`hetsync.protocols.rna.hierarchical` and around the protocol's
 ``join_round`` records, on every worker, each round it joined (grouping epoch, group, round id,
 initiator, server round or not), its take (weight w in {0, 1} and first gradient element) and the
 published group sum. Rank 0 gathers every rank's log, the protocol's summary and the final weights,
@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 import hetsync
-import hetsync.protocols.rnah as rnah_module
+import hetsync.protocols.rna.hierarchical as rnah_module
 
 mode, out_path = sys.argv[1], sys.argv[2]
 hetsync.init()

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import hetsync
-from hetsync import partition
+from hetsync.data import shards as partition
 
 out_path, epochs, mixed_delta = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 hetsync.init()

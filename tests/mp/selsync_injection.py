@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 import hetsync
-from hetsync import partition
+from hetsync.data import shards as partition
 
 out_path, steps, b, alpha, beta, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), \
     float(sys.argv[5]), int(sys.argv[6])

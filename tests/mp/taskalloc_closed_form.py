@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 import hetsync
-from hetsync.protocols import taskalloc
+from hetsync.protocols.taskalloc import protocol as taskalloc
 
 out_path = sys.argv[1]
 hetsync.init()

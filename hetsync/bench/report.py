@@ -1,0 +1,88 @@
+"""Side-by-side table of finished runs: ``python -m hetsync.bench.report RUN_DIR [RUN_DIR ...]``.
+
+Each RUN_DIR is a folder holding a ``summary.json`` written by :class:`hetsync.callbacks.SyncMetrics`
+(or a parent folder whose sub-folders hold one). Ratios are against the BSP run in the same list.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+from tabulate import tabulate
+
+__all__ = ["load_summaries", "comparison_rows", "main"]
+
+
+def load_summaries(paths):
+    """Return the list of summary dicts found in ``paths`` (folders or summary.json files).
+
+    Raises:
+        FileNotFoundError: a path holds no summary.json (the message names it).
+    """
+    out = []
+    for path in paths:
+        if os.path.isfile(path):
+            files = [path]
+        else:
+            files = [os.path.join(path, "summary.json")] if os.path.isfile(os.path.join(path, "summary.json")) else \
+                sorted(glob.glob(os.path.join(path, "*", "summary.json")))
+        if not files:
+            raise FileNotFoundError(f"no summary.json in {path}")
+        for f in files:
+            with open(f) as fh:
+                s = json.load(fh)
+            s["_path"] = f
+            out.append(s)
+    return out
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _overruns(s):
+    """``"overrun/emulated"`` steps of an emulated run (``"!"`` appended when over 1%), "-" otherwise."""
+    if not s.get("emulated_steps"):
+        return "-"
+    return f"{s.get('overrun_steps', 0)}/{s['emulated_steps']}" + ("" if s.get("emulation_valid", True) else " !")
+
+
+def comparison_rows(summaries):
+    """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time.
+
+    ``steps``: the most steps any rank ran; ``syncs``: collective rounds rank 0 joined (BSP: one per
+    step; RNA: its partial-allreduce rounds; SelSync and local SGD: their synchronizations)."""
+    bsp = next((s for s in summaries if s.get("protocol") == "bsp"), None)
+    headers = ["protocol", "scenario", "ranks", "steps", "syncs", "wall s", "time to target s", "speed-up vs BSP",
+               "final acc", "samples/s", "weights in sync", "overrun steps"]
+    rows = []
+    for s in summaries:
+        ttt = s.get("time_to_target_s")
+        speedup = None
+        if bsp is not None and ttt and bsp.get("time_to_target_s"):
+            speedup = bsp["time_to_target_s"] / ttt
+        rows.append([s.get("protocol"), s.get("scenario"), s.get("world_size"), s.get("steps"),
+                     (s.get("stats") or {}).get("syncs", "-"),
+                     _fmt(s.get("wall_s"), ".1f"), _fmt(ttt, ".1f"), _fmt(speedup, ".2f") + ("x" if speedup else ""),
+                     _fmt(s.get("final_test_accuracy"), ".4f"), _fmt(s.get("samples_per_s"), ".0f"),
+                     s.get("weights_in_sync"), _overruns(s)])
+    return headers, rows
+
+
+def main(argv=None):
+    """Print the comparison table of the given run folders. Returns the exit code."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="run folders (or their parent)")
+    args = p.parse_args(argv)
+    try:
+        summaries = load_summaries(args.runs)
+    except FileNotFoundError as exc:
+        p.error(str(exc))
+    headers, rows = comparison_rows(summaries)
+    print(tabulate(rows, headers=headers, tablefmt="github"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

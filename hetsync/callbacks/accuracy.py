@@ -1,0 +1,119 @@
+"""Test accuracy during training, on rank 0's model: the figure behind time to target."""
+import time
+
+import keras
+import numpy as np
+
+from hetsync import world
+
+__all__ = ["TestAccuracy"]
+
+
+class TestAccuracy(keras.callbacks.Callback):
+    """Test accuracy of rank 0's model during training: the curve, time to target, final accuracy.
+
+    Wall time counts from ``on_train_begin`` and excludes the time this callback spends, so it
+    measures training. With protocols that let replicas drift apart (RNA, local SGD) the evaluated
+    model is rank 0's.
+
+    By default the evaluation is *deferred*: at each evaluation point rank 0 only copies its
+    weights (``model.get_weights()``, microseconds for the example models) and every copy is
+    evaluated at ``on_train_end``. Evaluating in place would stop rank 0 for the length of a
+    prediction pass while, under the asynchronous protocols (RNA, local SGD, FedAvg between
+    averages), the other ranks keep training, and that excluded time would count as free progress
+    and make rank 0 the straggler of the run. Memory: one weight copy per evaluation point.
+
+    Args:
+        x, y: test inputs (float32 array [N, ...]) and integer labels (int array [N]).
+        target: float in (0, 1], accuracy whose first crossing is ``time_to_target_s``; or None.
+        every_steps: int > 0 to also evaluate every that many steps; None: only at epoch ends.
+        defer: bool, True (default) evaluates the weight copies at train end; False evaluates at
+            once (the curve is then available during training, at the cost described above).
+
+    Attributes (after training, meaningful on rank 0):
+        curve: list of dicts ``{"step", "epoch", "wall_s", "accuracy"}``.
+        time_to_target_s: float seconds, or None if the target was never reached.
+        final_accuracy: float, accuracy of the model as ``fit`` leaves it (evaluated at
+            ``on_train_end``, after callbacks placed before this one, such as the protocol's
+            stop hook, have run).
+        extra: dict, the protocol's own final figures when it has a ``final_evaluation(model, x, y)``
+            method (ENSEMBLE: the mean accuracy of the local models and of their averaged predictions).
+
+    Raises:
+        ValueError: ``target`` outside (0, 1], ``every_steps`` not a positive int, or ``defer`` not a bool.
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, x, y, target=None, every_steps=None, defer=True):
+        super().__init__()
+        if target is not None and not 0 < target <= 1:
+            raise ValueError(f"target accuracy must be in (0, 1], got {target!r}")
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                        or every_steps <= 0):
+            raise ValueError(f"every_steps must be a positive int or None, got {every_steps!r}")
+        if not isinstance(defer, bool):
+            raise ValueError(f"defer must be True or False, got {defer!r}")
+        self.x, self.y = x, np.asarray(y)
+        self.target, self.every_steps, self.defer = target, every_steps, defer
+        self.curve, self.time_to_target_s, self.final_accuracy = [], None, None
+        self.extra = {}
+        self._is_root = world.rank() == 0
+        self._epoch, self._steps = 0, 0
+        self._pending = []
+
+    def accuracy(self):
+        """Return the current model's test accuracy (float in [0, 1])."""
+        logits = self.model.predict(self.x, batch_size=1024, verbose=0)
+        return float(np.mean(np.argmax(logits, axis=-1) == self.y))
+
+    def _record(self, point, acc):
+        point = dict(point, accuracy=acc)
+        self.curve.append(point)
+        if self.target is not None and self.time_to_target_s is None and acc >= self.target:
+            self.time_to_target_s = point["wall_s"]
+        self.final_accuracy = acc
+
+    def _evaluate(self):
+        if not self._is_root:
+            return
+        t = time.time()
+        point = {"step": self._steps, "epoch": self._epoch, "wall_s": t - self._t0 - self._eval_s}
+        if self.defer:
+            self._pending.append((point, self.model.get_weights()))
+        else:
+            self._record(point, self.accuracy())
+        self._eval_s += time.time() - t
+
+    def on_train_begin(self, logs=None):
+        self._t0, self._eval_s = time.time(), 0.0
+        self._pending = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self.every_steps and self._steps % self.every_steps == 0:
+            self._evaluate()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not (self.every_steps and self._steps % self.every_steps == 0):
+            self._evaluate()
+
+    def on_train_end(self, logs=None):
+        if not self._is_root:
+            return
+        # Protocols may change the model when they stop (RNA's final parameter average), so the
+        # final accuracy is taken here, after the deferred points; the curve keeps the in-training points.
+        if self._pending:
+            current = self.model.get_weights()
+            for point, weights in self._pending:
+                self.model.set_weights(weights)
+                self._record(point, self.accuracy())
+            self._pending = []
+            self.model.set_weights(current)
+        self.final_accuracy = self.accuracy()
+        hook = getattr(getattr(self.model.optimizer, "hetsync_protocol", None), "final_evaluation", None)
+        if callable(hook):
+            self.extra = dict(hook(self.model, self.x, self.y))

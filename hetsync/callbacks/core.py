@@ -1,0 +1,149 @@
+"""Keras 3 callbacks: initial broadcast, protocol life cycle, straggler injection, metrics, accuracy.
+
+Typical use (two lines differ from a single-process script)::
+
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    model.fit(x, y, callbacks=hetsync.callbacks.core.standard(opt) + [...])
+"""
+import logging
+
+import keras
+import numpy as np
+
+from hetsync import transport
+from hetsync import world
+from hetsync.core.wrapper import protocol_of
+
+__all__ = ["BroadcastInitialVariables", "ProtocolHooks",
+           "on_rank0", "standard"]
+
+log = logging.getLogger("hetsync")
+
+
+class BroadcastInitialVariables(keras.callbacks.Callback):
+    """Make every rank start from ``root_rank``'s weights (and optimizer state).
+
+    Model weights and optimizer variables are broadcast at ``on_train_begin``: the optimizer
+    (built lazily by Keras 3 on the first step) is built there first, so per-rank optimizer
+    state of protocols with local steps (SelSync, local SGD, ...) is never overwritten after
+    step 1. If the model has no variables yet, the optimizer variables are broadcast after the
+    first batch instead, as horovod's callback does on Keras 2.
+
+    Args:
+        root_rank: int in [0, world size), the rank whose values win.
+
+    Raises:
+        ValueError: ``root_rank`` outside [0, world size) (at construction).
+    """
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        if not isinstance(root_rank, int) or not 0 <= root_rank < world.size():
+            raise ValueError(f"root_rank must be an int in [0, {world.size()}), got {root_rank!r}")
+        self.root_rank = root_rank
+        self._optimizer_done = False
+
+    def on_train_begin(self, logs=None):
+        self.model._hetsync_broadcast_done = True
+        if getattr(self.model, "_hetsync_restored", False):
+            # resumed by hetsync.callbacks.checkpoint.BackupAndRestore: every rank restored its own replica
+            self._optimizer_done = True
+            return
+        transport.broadcast_variables(self.model.variables, self.root_rank, name="hetsync_bcast_model")
+        opt = self.model.optimizer
+        if opt is not None and not opt.built and self.model.trainable_variables:
+            opt.build(self.model.trainable_variables)
+        if opt is not None and opt.built:
+            self._optimizer_done = True
+            transport.broadcast_variables(list(opt.variables), self.root_rank, name="hetsync_bcast_opt")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._optimizer_done:
+            self._optimizer_done = True
+            opt_vars = list(getattr(self.model.optimizer, "variables", []))
+            transport.broadcast_variables(opt_vars, self.root_rank, name="hetsync_bcast_opt")
+
+
+class ProtocolHooks(keras.callbacks.Callback):
+    """Start and stop a protocol's communication thread around ``model.fit``.
+
+    Also stops training on a non-finite loss (issue 15): after a step whose ``loss`` log is NaN or
+    inf it raises :class:`hetsync.core.protocol.NonFiniteError` naming the rank and the step (the
+    loss of a step is Keras' running mean, so a non-finite one stays non-finite for the epoch).
+
+    Args:
+        optimizer: an optimizer wrapped by a hetsync protocol.
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+    """
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.protocol = protocol_of(optimizer)
+
+    def on_train_begin(self, logs=None):
+        self.protocol.check_fit(self.model)
+        self.protocol.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        """Stop on a non-finite loss (issue 15; a non-finite gradient already stopped the step)."""
+        loss = (logs or {}).get("loss")
+        if loss is not None and not np.isfinite(float(loss)):
+            from hetsync.core.protocol import NONFINITE_MARK, NonFiniteError
+
+            raise NonFiniteError(f"{NONFINITE_MARK}: non-finite loss {float(loss)} on rank {world.rank()} at step "
+                                 f"{int(self.protocol.optimizer.iterations.numpy()) - 1} (protocol "
+                                 f"{self.protocol.display_name}), training stops")
+
+    def on_train_end(self, logs=None):
+        self.model._hetsync_broadcast_done = False
+        self.protocol.stop()
+        # then what must wait until every rank has stopped (hetsync.callbacks.checkpoint.BackupAndRestore's deletion)
+        for fn in getattr(self.model, "_hetsync_after_train", []):
+            fn()
+        self.model._hetsync_after_train = []
+
+
+def on_rank0(*callbacks):
+    """Return ``callbacks`` as a list on rank 0 and ``[]`` on every other rank.
+
+    For callbacks that write files (``keras.callbacks.ModelCheckpoint``, ``TensorBoard``,
+    ``CSVLogger``, ``BackupAndRestore``): one writer, no clobbering. Under the protocols that
+    leave every rank with the same model (BSP, task allocation, and the others after their
+    end-of-training average) rank 0's model is the model; under RNA, SelSync, local SGD and FedAvg
+    a checkpoint taken during training holds rank 0's replica. Put :class:`MetricAverage` before
+    them in the callback list so ``save_best_only`` compares averaged metrics.
+
+    Args:
+        *callbacks: ``keras.callbacks.Callback`` instances.
+
+    Returns:
+        list of keras.callbacks.Callback.
+
+    Raises:
+        TypeError: an argument is not a Keras callback.
+    """
+    for cb in callbacks:
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"on_rank0 takes Keras callbacks, got {type(cb).__name__}: {cb!r}")
+    return list(callbacks) if world.rank() == 0 else []
+
+
+def standard(optimizer, root_rank=0):
+    """Return the callbacks every hetsync run needs: initial broadcast + the protocol's hooks
+    and its own callbacks.
+
+    Args:
+        optimizer: a hetsync-wrapped optimizer. root_rank: int, broadcast source.
+
+    Returns:
+        list of keras.callbacks.Callback.
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+    """
+    proto = protocol_of(optimizer)
+    return [BroadcastInitialVariables(root_rank), ProtocolHooks(optimizer)] + list(proto.callbacks())
+
+

@@ -1,0 +1,708 @@
+"""Hierarchical RNA (RNA section 4): flat RNA inside groups of similar speed, groups averaged by a server.
+
+Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
+Clusters" (Middleware '20), section 4 (Fig. 5) and section 6; ``../shared/specs/rna_hierarchical.md``
+resolves the open points (its choices are marked "spec" below). The grouping rule, the group
+controller and the server are in :mod:`hetsync.protocols.rna.groups`.
+
+Roles: as for the parameter-server protocols (:mod:`hetsync.protocols.ps.worker`), the last ``servers`` = K
+ranks of the launch serve and ranks 0 .. n - 1 are the workers; data is sharded over the workers.
+
+Each synchronization has three phases (section 4, paragraph 1):
+
+1. **Inside a group, flat RNA** (sections 3.1-3.3, Algorithm 2): the compute step is flat RNA's
+   (WriteOp / ReadOp of the gradient cache, :class:`hetsync.protocols.rna.protocol.RNAProtocol`); the group's
+   lowest rank runs the group's controller (power-of-d choice of the round's initiator among the
+   group's members, :class:`hetsync.protocols.rna.control.Controller` restricted to the group), and
+   every member joins each announced round. The round's reduction ``sum_i [w_i g'_i, w_i]`` over the
+   group's members goes through the point-to-point layer: every member sends its vector to the round's
+   initiator, which sums them in rank order and sends the sum back, so every member publishes the same
+   bits. (horovod process sets would need every rank, servers included, to register each grouping in
+   the same order, and dynamic process sets must be switched on for the whole job at ``hvd.init``.)
+2. **Push/pull** on every ``sync_every``-th round of a group (spec: ``ps_every``, default 1 as in
+   section 4): the round's initiator pushes its current parameters (float32 [P], sharded over the K
+   servers as the other PS protocols do, memory- or layer-wise) and pulls the servers' average of the
+   groups' latest models (spec rule A, :class:`hetsync.protocols.rna.groups.SlotAverage`).
+   Asynchronous across groups: each group talks to the servers on its own.
+3. **Broadcast** in the group: the initiator sends the pulled model to every member and each member
+   overwrites its parameters with it (``set_weight``), in the critical section the compute step's
+   update also runs in, so right after phase 3 every member of a group holds the same bits. The round's
+   averaged gradient is then applied by every member at its next step, on top of the pulled model.
+
+With one group the server is never used and the protocol is flat RNA (inside the group, flat RNA's
+parameter average every ``average_every`` rounds; with several groups that average is replaced by the
+server exchange).
+
+Groups: explicit (``groups=[[0, 1], [2, 3]]``, checked before training: every worker in exactly one
+group, no server rank) or ``"auto"``: training starts as one group (flat RNA over all workers); every
+worker measures its mean step time (wall time of the compiled step, milliseconds) over
+``warmup_steps`` steps after its first one and sends it to rank 0's controller, which applies the rule
+of section 4 (:func:`hetsync.protocols.rna.groups.speed_groups`: split while max - min > mean). If
+that gives several groups, rank 0 sends the servers the groups and its current model (every slot
+starts from it: x0 of rule A), and announces the groups to every worker; groups are then fixed (the
+paper never regroups; spec 2.1). Workers that finished still take part (they join their new group's
+rounds with the null gradient until it ends); if a worker's training ends before it measured its
+warm-up, no grouping is made. Statistics: the groups and their changes (the round, the measured times, the rule's result),
+PS exchanges per group and per server, the overwrite broadcasts, and flat RNA's statistics per rank.
+"""
+import dataclasses
+import hashlib
+import logging
+import sys
+import threading
+import time
+import typing
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hetsync import ops, transport
+from hetsync import world
+from hetsync.core.config import ProtocolConfig, param
+from hetsync.protocols.ps.server import ERROR, plan_shards
+from hetsync.protocols.rna.protocol import SWITCH_INTERVAL_S, RNAConfig, RNAProtocol
+from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER, RoundLoop
+from hetsync.protocols.rna.groups import BCAST, FROM_SERVER, GROUP_CHANNELS, PARAMS, PARAMS_BACK, REDUCE, RESULT, TO_SERVER, GroupController, GroupServer, RNAHError, check_groups, check_groups_fit, parse_groups, speed_groups
+from hetsync.core.wrapper import protocol_wrapper
+
+__all__ = ["HierarchicalRNA", "HierarchicalRNAProtocol", "HierarchicalRNAConfig", "RNAHError", "speed_groups"]
+
+log = logging.getLogger("hetsync")
+
+#: the summary keeps at most this many overwrite records per rank (``overwrites_log``).
+MAX_LOG = 20000
+
+
+def _as_rna(name):
+    f = RNAConfig.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class HierarchicalRNAConfig(ProtocolConfig):
+    """Hierarchical RNA's parameters (see :func:`HierarchicalRNA`)."""
+
+    owner: typing.ClassVar[str] = "HierarchicalRNA"
+
+    groups: typing.Any = param(
+        "auto", "``\"auto\"`` (one group for ``warmup_steps`` steps, then the rule of section 4 on the measured step "
+                "times: split while max - min exceeds the mean) or explicit groups, a list of lists of worker ranks "
+                "such as ``[[0, 1], [2, 3]]`` (every worker 0..n-1 in exactly one group; CLI: "
+                "``groups=[[0,1],[2,3]]``). One group is flat RNA.", check=check_groups, parse=parse_groups)
+    sync_every: int = param(1, "int R >= 1: a group's round initiator pushes to and pulls from the server, then "
+                               "broadcasts in the group, every R rounds of that group (section 4 does it every "
+                               "round; section 6 'periodically').", ge=1, unit="rounds")
+    warmup_steps: int = param(20, "int >= 1: with ``groups=\"auto\"``, the steps (after each worker's first) whose "
+                                  "mean wall time is the worker's measured iteration time.", ge=1, unit="steps")
+    servers: int = param(1, "int K >= 1, the number of parameter-server ranks: the last K ranks of the launch serve, "
+                            "the first size - K train.", label="servers K", ge=1, unit="ranks")
+    sharding: typing.Literal["layer", "memory"] = param(
+        "memory", "``\"layer\"`` or ``\"memory\"``: how the parameter vector is split over the K servers (as for "
+                  "the other PS protocols, SHAT section 4.4).")
+    probes: int = _as_rna("probes")
+    max_staleness: int = _as_rna("max_staleness")
+    scale_lr: bool = _as_rna("scale_lr")
+    average_every: int = param(10, "int >= 0; with a single group, average the parameters over the group every that "
+                                   "many rounds, as flat RNA does (0: never). Unused with several groups: the "
+                                   "server exchange and broadcast replace it.", ge=0, unit="rounds")
+    drift_every: typing.Optional[int] = _as_rna("drift_every")
+    average_at_end: bool = param(True, "bool, average the workers' parameters once when training ends so every rank "
+                                       "(servers included) holds the same final model.")
+    timeout_s: float = param(120.0, "float seconds (> 0): longest wait for a ready initiator, a controller message, a "
+                                    "group member's vector, a server's reply or (on a server) any message from an "
+                                    "unfinished worker (workers send a heartbeat every timeout_s / 4).", gt=0,
+                             unit="seconds")
+    finish_timeout_s: float = _as_rna("finish_timeout_s")
+    poll_ms: float = _as_rna("poll_ms")
+    seed: int = _as_rna("seed")
+
+
+class HierarchicalRNAProtocol(RNAProtocol):
+    """Hierarchical RNA (see :func:`HierarchicalRNA`): flat RNA inside groups, a server between groups."""
+
+    name = "rnah"
+    #: the group and server averages move the trainable parameters only (flat vectors over them).
+    average_state_in_rounds = False
+    display_name = "HierarchicalRNA"
+    Config = HierarchicalRNAConfig
+    # the warm-up timing, the regrouping and the server exchange run between steps (on_train_batch_end)
+    max_steps_per_execution = 1
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.serves = False
+        self.groups = None
+        self.epoch = 0
+        self.changes = []
+        self.decision = None
+        self._began = False
+        self._published = 0
+        self._pround = 0
+        self._push_seq = 0
+        self._leader_rounds = {}
+
+    def server_count(self):
+        """Return ``servers`` K (int): the last K ranks serve."""
+        return self.cfg.servers
+
+    # -- life cycle -----------------------------------------------------------------------------------
+    def build(self):
+        """Record the roles, check ``probes`` and explicit groups against the workers, create the statistics.
+
+        Raises:
+            ValueError: ``probes`` larger than the number of workers, or explicit groups that do not
+                partition the workers 0..n-1 (the message names the bad group and rank).
+        """
+        super().build()
+        size = world.size()
+        self.n_workers = self.roles.num_workers
+        self.serves = self.roles.is_server
+        self.workers = list(range(self.n_workers))
+        self.server_ranks = list(range(self.n_workers, size))
+        if self.role_error is None:
+            if self.cfg.probes > max(self.n_workers, 2):
+                raise ValueError(f"HierarchicalRNA: probes={self.cfg.probes} exceeds the {self.n_workers} worker(s); "
+                                 f"use 1..{max(self.n_workers, 2)}")
+            if self.cfg.groups != "auto":
+                check_groups_fit("HierarchicalRNA", self.cfg.groups, self.n_workers, size)
+        if self.cfg.groups == "auto":
+            self.groups, self.epoch = [list(self.workers)], 0
+        else:
+            self.groups, self.epoch = [list(g) for g in self.cfg.groups], 1
+            self.changes.append({"epoch": 1, "round": 0, "groups": self.groups, "source": "explicit",
+                                 "times_ms": None})
+        for s in ("rnah_group", "rnah_groups", "rnah_ps_syncs", "rnah_regroups"):
+            self.add_stat(s)
+
+    def callbacks(self):
+        """:class:`RNAHCallback`: a server rank serves at train begin; workers measure their warm-up steps."""
+        return [RNAHCallback(self)]
+
+    def _my_group(self):
+        for g, group in enumerate(self.groups):
+            if self._rank in group:
+                return g, list(group)
+        raise RNAHError(f"HierarchicalRNA: rank {self._rank} is in no group of {self.groups}")
+
+    def start(self):
+        """Train begin, every rank: the dispatcher and the shard plan; a worker also creates the caches and
+        starts its communication thread (and a heartbeat thread towards the servers); a server prepares its
+        loop (run by :class:`RNAHCallback`).
+
+        Raises:
+            ValueError: servers leaving no worker, or more servers than parameters.
+        """
+        self.check_roles()
+        variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
+        if not variables:
+            raise RuntimeError("HierarchicalRNA: the optimizer is not built (no trainable variables) at train begin; "
+                               "use it through model.compile + model.fit with hetsync.callbacks.core.standard(opt)")
+        sizes = [int(np.prod(v.shape)) for v in variables]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._var_ranges = [(int(offsets[i]), int(offsets[i + 1])) for i in range(len(sizes))]
+        self.ranges = plan_shards(sizes, self.cfg.servers, self.cfg.sharding)
+        self._p2p = transport.dispatcher()
+        self._rank, self._n = world.rank(), world.size()
+        self._error = None
+        self._final_reason = None
+        self._began = True
+        self._server_stats = None
+        if self.serves:
+            self._vars = variables
+            k = self._rank - self.n_workers
+            lo, hi = self.ranges[k]
+            grouped = self.groups if len(self.groups) > 1 else None
+            self.server = GroupServer(self._p2p, k, self.flat_weights()[lo:hi], self.workers, grouped, self.epoch,
+                                      self.cfg.timeout_s)
+            return
+        self._create_caches()
+        self._saved_switch_interval = None
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.done_steps = None
+        self._steps_at_start = int(self._iteration.numpy())
+        self._local = {"rounds_joined": 0, "contributed_rounds": 0,
+                       "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
+                       "drift": [], "drift_rel": [], "corrections": 0, "round_ms": [], "ps_ms": [],
+                       "pushes": 0, "overwrites": 0, "overwrites_log": [], "rounds_by_epoch": {}}
+        self._ctls = []
+        gid, members = self._my_group()
+        leader = members[0]
+        self._gid, self._members = gid, members
+        self._ctl = None
+        if self._rank == leader:
+            decide = self._decide if (self.cfg.groups == "auto" and self.epoch == 0) else None
+            self._ctl = self._new_controller(self._leader_rounds.get(leader, 0), members, decide)
+        self._loop = RoundLoop(self._p2p, self._rank, self._ctl, self, self.cfg.timeout_s, self.cfg.poll_ms,
+                               controller_rank=leader)
+        self._set_group_stats()
+        self._hb_stop = threading.Event()
+        self._hb = threading.Thread(target=self._heartbeat, name=f"hetsync-rnah-hb-{self._rank}", daemon=True)
+        self._hb.start()
+        self._thread = threading.Thread(target=self._run, name=f"hetsync-rnah-comm-{self._rank}", daemon=True)
+        self._thread.start()
+
+    def _new_controller(self, first_round, members, decide=None):
+        ctl = GroupController(self.cfg, self.drift_every, self._n, lambda dst, msg: self._p2p.send(dst, CONTROL, msg),
+                              first_round, members, len(self.groups), decide=decide)
+        self._ctls.append(ctl)
+        return ctl
+
+    def _heartbeat(self):
+        period = self.cfg.timeout_s / 4.0
+        while not self._hb_stop.wait(period):
+            try:
+                for r in self.server_ranks:
+                    self._p2p.send(r, TO_SERVER, None, tag="alive")
+            except Exception:  # noqa: BLE001 - the dispatcher's failure surfaces elsewhere
+                return
+
+    def _set_group_stats(self):
+        self._set_stat("rnah_group", self._gid)
+        self._set_stat("rnah_groups", len(self.groups))
+        self._set_stat("rnah_regroups", sum(1 for c in self.changes if c["source"] == "auto"))
+
+    def serve(self):
+        """On a server rank (called by :class:`RNAHCallback` at train begin): serve until every worker is done.
+        A failure is kept and raised on every rank by :meth:`stop`."""
+        try:
+            self._server_stats = self.server.serve()
+        except Exception as exc:  # noqa: BLE001 - reported to every rank at stop()
+            self._error = f"rank {self._rank}: {exc}"
+            self._server_stats = self.server.stats()
+            log.error("hetsync %s", self._error)
+
+    # -- the compute step -------------------------------------------------------------------------------
+    def apply(self, grads, variables, local_apply):
+        """Flat RNA's step (WriteOp, ReadOp, update) on a worker; nothing on a server rank."""
+        if self.serves:
+            return tf.no_op()
+        return super().apply(grads, variables, local_apply)
+
+    # -- the communication thread ------------------------------------------------------------------------
+    def _recv(self, channel, source, tag, what):
+        """Wait up to ``timeout_s`` for one message; a server's failure (channel ``ps.error``) raises at once."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while True:
+            m = self._p2p.poll(channel, source=source, tag=tag)
+            if m is not None:
+                return m.obj
+            err = self._p2p.poll(ERROR)
+            if err is not None:
+                raise RNAHError(f"HierarchicalRNA: worker rank {self._rank}: parameter server rank {err.source} "
+                                f"failed: {err.obj}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RNAHError(f"HierarchicalRNA: rank {self._rank}: no {what} from rank {source} within "
+                                f"timeout_s={self.cfg.timeout_s:g} s (dead or stalled)")
+            try:
+                return self._p2p.recv(channel, source=source, tag=tag, timeout_s=min(0.05, remaining)).obj
+            except transport.TransportTimeout:
+                continue
+
+    def _group_sum(self, vec, initiator, tag, what):
+        """Sum float32 vectors over the group at the initiator (members in rank order) and return the sum on
+        every member (bit-identical)."""
+        if len(self._members) == 1:
+            return vec
+        if self._rank != initiator:
+            self._p2p.send(initiator, REDUCE, vec, tag=tag)
+            return self._recv(RESULT, initiator, tag, f"{what} result of the round initiator")
+        total = None
+        for m in self._members:
+            part = vec if m == self._rank else self._recv(REDUCE, m, tag, f"{what} of group member")
+            total = np.array(part, np.float32, copy=True) if total is None else total + part
+        for m in self._members:
+            if m != self._rank:
+                self._p2p.send(m, RESULT, total, tag=tag)
+        return total
+
+    def join_round(self, round_id, initiator, average, drift, ps=False):
+        """Join round ``round_id`` of this rank's group (Algorithm 2 over the group's members), then on a
+        ``ps`` round the server exchange and the broadcast (phases 2-3), then a parameter round if asked.
+
+        Raises:
+            RNAHError: a member, the initiator or a server did not answer within ``timeout_s``.
+        """
+        t0 = time.monotonic()
+        tag = (self.epoch, int(round_id))
+        flat, its, _ = ops.grad_cache_take(self._cache)
+        its = its.numpy()
+        if its.size:
+            self._local["contributed_rounds"] += 1
+            np.add.at(self._local["staleness"], its[-1] - its, 1)
+        reduced = self._group_sum(flat.numpy(), initiator, tag, "gradient")
+        self._local["round_ms"].append((time.monotonic() - t0) * 1e3)
+        if ps:
+            self._ps_phase(round_id, initiator, tag)
+        self._published += 1
+        ops.grad_cache_publish(self._cache, reduced, self._published)
+        c = int(round(float(reduced[-1])))
+        loc = self._local
+        loc["contributors"][c] = loc["contributors"].get(c, 0) + 1
+        loc["rounds_joined"] += 1
+        loc["rounds_by_epoch"][self.epoch] = loc["rounds_by_epoch"].get(self.epoch, 0) + 1
+        self._set_stat("rna_rounds", loc["rounds_joined"])
+        self._set_stat("syncs", loc["rounds_joined"])
+        if self._ctl is not None and self._ctl.response_ms:
+            self._set_stat("rna_probe_ms", self._ctl.response_ms[-1])
+        if average or drift:
+            self._group_parameter_round(initiator, tag, average)
+
+    def _ps_phase(self, round_id, initiator, tag):
+        t0 = time.monotonic()
+        if self._rank == initiator:
+            x = self.snapshot()
+            self.check_finite_arrays([x], "parameters (push to the servers)", int(self._iteration.numpy()))
+            seq = self._push_seq
+            self._push_seq += 1
+            for k, (lo, hi) in enumerate(self.ranges):
+                self._p2p.send(self.server_ranks[k], TO_SERVER, (self.epoch, self._gid, seq, x[lo:hi]), tag="push")
+            pulled = np.concatenate([np.asarray(self._recv(FROM_SERVER, self.server_ranks[k], seq,
+                                                           f"reply to push {seq} from parameter server {k}"),
+                                                np.float32) for k in range(len(self.ranges))])
+            for m in self._members:
+                if m != self._rank:
+                    self._p2p.send(m, BCAST, pulled, tag=tag)
+            self._local["pushes"] += 1
+        else:
+            pulled = np.asarray(self._recv(BCAST, initiator, tag, "pulled model of the round initiator"), np.float32)
+        values = self._overwrite(pulled)
+        loc = self._local
+        loc["overwrites"] += 1
+        loc["ps_ms"].append((time.monotonic() - t0) * 1e3)
+        if len(loc["overwrites_log"]) < MAX_LOG:
+            digest = hashlib.sha1(np.ascontiguousarray(values).tobytes()).hexdigest()
+            pulled_digest = hashlib.sha1(np.ascontiguousarray(pulled).tobytes()).hexdigest()
+            loc["overwrites_log"].append([self.epoch, self._gid, int(round_id), int(initiator), digest, pulled_digest])
+        self._set_stat("rnah_ps_syncs", loc["overwrites"])
+
+    def _overwrite(self, pulled):
+        """Phase 3: the parameters become ``pulled`` (float32 [P]), inside the step's critical section; returns
+        the values read back in the same section (float32 [P]). A pending flat-RNA parameter correction is
+        superseded by a zero one, so it cannot move the model away from ``pulled`` afterwards."""
+        def assign():
+            for v, (lo, hi) in zip(self._vars, self._var_ranges):
+                v.assign(tf.reshape(tf.constant(pulled[lo:hi]), v.shape))
+            return [tf.identity(v.value) for v in self._vars]
+
+        values = self._section.execute(assign)
+        if self._pcache is not None:
+            self._pround += 1
+            ops.grad_cache_publish(self._pcache, np.append(np.zeros_like(pulled), 1.0).astype(np.float32),
+                                   self._pround)
+        return np.concatenate([np.ravel(np.asarray(v, np.float32)) for v in values])
+
+    def _group_parameter_round(self, initiator, tag, average):
+        """Drift (max over active members of ||x_r - mean||_2) and, with ``average``, flat RNA's parameter
+        average over the group (each active member adds mean - x_r at its next step)."""
+        x = self.snapshot()
+        self.check_finite_arrays([x], "parameters (group average)", int(self._iteration.numpy()))
+        active = self.done_steps is None
+        if len(self._members) == 1:
+            mean, drift = (x, 0.0) if active else (None, -1.0)
+        elif self._rank != initiator:
+            self._p2p.send(initiator, PARAMS, (x, active), tag=tag)
+            mean, drift = self._recv(PARAMS_BACK, initiator, tag, "parameter average of the round initiator")
+        else:
+            xs = {}
+            for m in self._members:
+                xm, am = (x, active) if m == self._rank else self._recv(PARAMS, m, tag, "parameters of group member")
+                if am:
+                    xs[m] = np.asarray(xm, np.float64)
+            if xs:
+                mean64 = sum(xs[m] for m in sorted(xs)) / len(xs)
+                drift = float(max(np.linalg.norm(v - mean64) for v in xs.values()))
+                mean = mean64.astype(np.float32)
+            else:
+                mean, drift = None, -1.0
+            for m in self._members:
+                if m != self._rank:
+                    self._p2p.send(m, PARAMS_BACK, (mean, drift), tag=tag)
+        if mean is None:
+            return
+        self._local["drift"].append((int(tag[1]), drift))
+        self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean)), 1e-12))
+        self._set_stat("rna_drift", drift)
+        if average and active:
+            self._pround += 1
+            ops.grad_cache_publish(self._pcache, np.append(mean - x, 1.0).astype(np.float32), self._pround)
+            self._local["corrections"] += 1
+
+    # -- grouping (auto) -----------------------------------------------------------------------------------
+    def report_time(self, mean_ms):
+        """Send this worker's measured mean step time (milliseconds) to rank 0's controller (``groups="auto"``)."""
+        self._p2p.send(0, TO_CONTROLLER, ("time", float(mean_ms)))
+
+    def _decide(self, times, current_round):
+        """Rank 0's controller, once every worker reported: apply the rule; with several groups, send the
+        servers the groups and rank 0's model (x0 of every slot) and announce the groups. Returns bool."""
+        ranks = sorted(times)
+        result = speed_groups([times[r] for r in ranks])
+        groups = [[ranks[i] for i in g] for g in result]
+        self.decision = {"round": int(current_round), "times_ms": {str(r): times[r] for r in ranks},
+                         "groups": groups}
+        if len(groups) == 1:
+            log.info("hetsync HierarchicalRNA: measured step times %s ms give one group: flat RNA continues",
+                     {r: round(t, 2) for r, t in times.items()})
+            return False
+        epoch = self.epoch + 1
+        x0 = self.snapshot()
+        for k, (lo, hi) in enumerate(self.ranges):
+            self._p2p.send(self.server_ranks[k], TO_SERVER, (epoch, groups, x0[lo:hi]), tag="groups")
+        for r in self.workers:
+            self._p2p.send(r, CONTROL, ("regroup", epoch, groups, int(current_round) + 1, dict(self.decision)))
+        log.info("hetsync HierarchicalRNA: measured step times %s ms give groups %s",
+                 {r: round(t, 2) for r, t in times.items()}, groups)
+        return True
+
+    def regroup(self, epoch, groups, first_round, decision):
+        """Switch to new groups (the :class:`RoundLoop` calls it on ``("regroup", ...)``); returns
+        ``(controller or None, controller rank)``: the group's lowest rank runs a new controller."""
+        old = self._ctl
+        self.epoch, self.groups = int(epoch), [list(g) for g in groups]
+        self.changes.append({"epoch": self.epoch, "round": int(first_round), "groups": self.groups, "source": "auto",
+                             "times_ms": decision.get("times_ms")})
+        self._gid, self._members = self._my_group()
+        leader = self._members[0]
+        self._ctl = None
+        if self._rank == leader:
+            self._ctl = self._new_controller(int(first_round), self._members)
+            if old is not None:  # messages that reached the closed controller go to its successor
+                for src, msg in old.stash:
+                    self._ctl.on_message(src, msg)
+        self._set_group_stats()
+        return self._ctl, leader
+
+    # -- the end --------------------------------------------------------------------------------------------
+    def stop(self):
+        """End of training on every rank: a worker ends its threads, tells the servers it is done and drains
+        the group channels (among the workers); then every rank gathers the statistics and errors, raises the
+        same :class:`RNAHError` if any rank failed, else (``average_at_end``) averages the workers' models onto
+        every rank.
+
+        Raises:
+            RNAHError: a worker's communication thread or a server failed (names the ranks); on every rank.
+        """
+        if not self._began:
+            return
+        self._began = False
+        if self.serves:
+            mine = {"rank": self._rank, "role": "server", "error": self._error, "server": self._server_stats}
+        else:
+            mine = self._stop_worker()
+        per_rank = transport.allgather_object(mine, name="hetsync_rnah_totals")
+        self._gather(per_rank)
+        errors = [(d["rank"], d["error"]) for d in per_rank if d.get("error")]
+        if errors:
+            raise RNAHError("HierarchicalRNA failed on rank(s) " + ", ".join(str(r) for r, _ in errors) + ": "
+                            + "; ".join(sorted({e for _, e in errors})))
+        self._final = {}
+        if self.cfg.average_at_end:
+            self._average_workers()
+        self._summary.update(self._final)
+
+    def _stop_worker(self):
+        self.done_steps = int(self._iteration.numpy()) - self._steps_at_start
+        budget = self.cfg.finish_timeout_s + self.cfg.timeout_s + 10.0
+        self._thread.join(budget)
+        thread, self._thread = self._thread, None
+        if thread.is_alive() and self._error is None:
+            self._error = (f"rank {self._rank}: HierarchicalRNA communication thread did not end within {budget:g} s "
+                           "after training ended (no final round from its group's controller)")
+        self._hb_stop.set()
+        self._hb.join(5.0)
+        if self._saved_switch_interval is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+            sys.setswitchinterval(self._saved_switch_interval)
+        for ctl in self._ctls:
+            self._leader_rounds[ctl.members[0]] = max(self._leader_rounds.get(ctl.members[0], 0), ctl.round)
+        for r in self.server_ranks:
+            self._p2p.send(r, TO_SERVER, None, tag="done")
+        late = {}
+        try:
+            self._p2p.flush(timeout_s=self.cfg.timeout_s, channel=TO_SERVER)
+            for channel in (CONTROL, TO_CONTROLLER) + GROUP_CHANNELS:
+                late[channel] = self._p2p.drain(channel, peers=self.workers, timeout_s=budget + 10.0)
+        except transport.TransportTimeout as exc:
+            self._error = self._error or f"rank {self._rank}: {exc}"
+        st = ops.grad_cache_status(self._cache)
+        loc = self._local
+        ctls = [{"members": c.members, "rounds": c.local_rounds, "ps_rounds": c.ps_rounds,
+                 "initiators": {str(r): c.initiators[r] for r in c.members},
+                 "probe_response_ms_median": float(np.median(c.response_ms)) if c.response_ms else None,
+                 "final_reason": c.final_reason, "closed_by_regroup": c.closed} for c in self._ctls]
+        return {"rank": self._rank, "role": "worker", "error": self._error, "steps": self.done_steps,
+                "group": self._gid, "written": st["written"], "dropped": st["dropped"], "taken": st["taken"],
+                "fresh_reads": st["fresh_reads"], "undrained_at_end": st["written"] - st["taken"] - st["dropped"],
+                "rounds_joined": loc["rounds_joined"], "rounds_by_epoch": {str(k): v for k, v in
+                                                                          loc["rounds_by_epoch"].items()},
+                "contributed_rounds": loc["contributed_rounds"], "contributors": dict(loc["contributors"]),
+                "staleness_histogram": [int(v) for v in loc["staleness"]], "pushes": loc["pushes"],
+                "overwrites": loc["overwrites"], "overwrites_log": loc["overwrites_log"],
+                "ps_ms_median": float(np.median(loc["ps_ms"])) if loc["ps_ms"] else None,
+                "round_ms_median": float(np.median(loc["round_ms"])) if loc["round_ms"] else None,
+                "drift_max": max((d for _, d in loc["drift"]), default=None), "parameter_averages": loc["corrections"],
+                "controllers": ctls, "final_reason": self._loop.final_reason, "late_messages": late,
+                "epoch": self.epoch, "groups": self.groups, "changes": self.changes, "decision": self.decision}
+
+    def _gather(self, per_rank):
+        workers = [d for d in per_rank if d["role"] == "worker"]
+        servers = [d["server"] for d in per_rank if d["role"] == "server" and d.get("server")]
+        first = workers[0]  # rank 0: its controller made the grouping decision; every rank takes its view
+        self.epoch, self.groups, self.changes = first["epoch"], first["groups"], first["changes"]
+        self.decision = first["decision"]
+        decision = self.decision
+        rounds = sum(c["rounds"] for w in workers for c in w["controllers"])
+        ps_by_group = {}
+        for w in workers:
+            for e in w["overwrites_log"]:
+                if e[3] == w["rank"]:  # counted once, by the initiator
+                    key = f"{e[0]}:{e[1]}"
+                    ps_by_group[key] = ps_by_group.get(key, 0) + 1
+        self._summary = {
+            "workers": self.n_workers, "servers": len(self.server_ranks), "sharding": self.cfg.sharding,
+            "shard_ranges": [list(r) for r in self.ranges],
+            "groups": self.groups, "num_groups": len(self.groups),
+            "group_changes": list(self.changes),
+            "auto_decision": decision,
+            "regroups": sum(1 for c in self.changes if c["source"] == "auto"),
+            "rounds": rounds, "syncs": rounds,
+            "rounds_per_group": [{"members": c["members"], "rounds": c["rounds"], "ps_rounds": c["ps_rounds"],
+                                  "initiators": c["initiators"], "closed_by_regroup": c["closed_by_regroup"]}
+                                 for w in workers for c in w["controllers"]],
+            "ps_exchanges_per_group": ps_by_group,
+            "ps_exchanges": sum(w["pushes"] for w in workers),
+            "overwrites": sum(w["overwrites"] for w in workers),
+            "pushes_per_server": [s["pushes"] for s in servers], "pulls_per_server": [s["pulls"] for s in servers],
+            "server_clients": sorted({r for s in servers for r in s["clients"]}),
+            "per_server": servers,
+            "staleness_histogram": np.sum([w["staleness_histogram"] for w in workers], axis=0).astype(int).tolist(),
+            "dropped_gradients": sum(w["dropped"] for w in workers),
+            "undrained_at_end": sum(w["undrained_at_end"] for w in workers),
+            "fresh_fraction": sum(w["fresh_reads"] for w in workers) / max(1, sum(w["steps"] or 0 for w in workers)),
+            "drift_max": max((w["drift_max"] for w in workers if w["drift_max"] is not None), default=None),
+            "parameter_averages": sum(w["parameter_averages"] for w in workers),
+            "per_rank": [{k: v for k, v in w.items() if k != "overwrites_log"} for w in workers],
+            "overwrites_log": {str(w["rank"]): w["overwrites_log"] for w in workers},
+        }
+
+    def _average_workers(self):
+        """w <- mean over the workers, on every rank (servers included); the drift before it is reported.
+
+        The model's float32 non-trainable state (:attr:`state_variables`: BatchNormalization's moving mean and
+        variance) rides in the same allreduce and is replaced by the workers' mean too, so every rank leaves
+        ``fit`` with the same full model. The drift is that of the trainable parameters only.
+        """
+        self._vars = self._vars or list(self.optimizer._trainable_variables)
+        ids = {id(v) for v in self._vars}
+        state = [v for v in self.state_variables if v.dtype == "float32" and id(v) not in ids]
+        x = np.concatenate([np.ravel(v.numpy()) for v in self._vars]).astype(np.float32)
+        z = np.concatenate([np.ravel(v.numpy()) for v in state] + [np.zeros(0, np.float32)]).astype(np.float32)
+        weight = 0.0 if self.serves else 1.0
+        # [x_r, z_r, 1] weighted 0 on a server, 1 on a worker: the sum's last entry counts the workers
+        s = transport.allreduce_sum([tf.constant((np.concatenate([x, z, [1.0]]) * weight).astype(np.float32))],
+                                    name="hetsync_rnah_final_avg")[0].numpy()
+        mean = (s[:-1] / s[-1]).astype(np.float32)
+        drift = self.parameter_drift(x, mean[:x.size], name="hetsync_rnah_final_drift", active=not self.serves)
+        self.set_flat_weights(mean[:x.size])
+        off = x.size
+        for v in state:
+            v.assign(np.reshape(mean[off:off + int(np.prod(v.shape))], v.shape))
+            off += int(np.prod(v.shape))
+        self._final = {"final_average": True, "drift_before_final_average": drift}
+
+    def flat_weights(self):
+        """Return the parameters as one float32 array [P] (trainable variables flattened in order)."""
+        return np.concatenate([np.ravel(v.numpy()) for v in self._vars]).astype(np.float32, copy=False)
+
+    def set_flat_weights(self, flat):
+        """Assign a float32 array [P] to the trainable variables (the inverse of :meth:`flat_weights`)."""
+        for v, (lo, hi) in zip(self._vars, self._var_ranges):
+            v.assign(np.reshape(flat[lo:hi], v.shape))
+
+    def summary_stats(self):
+        """End-of-run statistics: groups, their changes (``group_changes``, ``auto_decision`` with the measured
+        step times), rounds and server exchanges per group, pushes and pulls per server, the server's clients,
+        overwrites (with their digests per rank, ``overwrites_log``: [epoch, group, round, initiator, sha1 of the
+        parameters after the overwrite, sha1 of the pulled model]), flat RNA's staleness histogram, dropped
+        gradients, drift and per-rank totals."""
+        return dict(self._summary) if self._summary else super().summary_stats()
+
+
+class RNAHCallback(keras.callbacks.Callback):
+    """Hierarchical RNA between compiled steps (placed by :func:`hetsync.callbacks.core.standard`).
+
+    ``on_train_begin``: a server rank serves until every worker is done, then stops its ``fit`` (one more step
+    changes nothing). On a worker with ``groups="auto"`` before the groups are formed: the wall time of steps
+    2 .. ``warmup_steps`` + 1 (milliseconds, from batch begin to batch end) is averaged and sent to rank 0.
+
+    Args:
+        protocol: the :class:`HierarchicalRNAProtocol`.
+
+    ``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit` (the step times are
+    measured per step).
+    """
+
+    def __init__(self, protocol):
+        super().__init__()
+        self.protocol = protocol
+
+    def on_train_begin(self, logs=None):
+        p = self.protocol
+        self._seen, self._times = 0, []
+        self._measure = not p.serves and p.cfg.groups == "auto" and p.epoch == 0
+        if p.serves:
+            p.serve()
+            self.model.stop_training = True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._measure:
+            return
+        dt = (time.perf_counter() - self._t) * 1e3
+        self._seen += 1
+        if self._seen == 1:
+            return  # the first step traces and compiles
+        self._times.append(dt)
+        if len(self._times) == self.protocol.cfg.warmup_steps:
+            self._measure = False
+            self.protocol.report_time(float(np.mean(self._times)))
+
+
+HierarchicalRNA = protocol_wrapper(HierarchicalRNAProtocol, """Wrap a Keras 3 optimizer for hierarchical RNA (RNA section 4): flat RNA inside speed groups, a parameter server between groups.
+
+    Workers of similar speed form a group; each group runs flat RNA (sections 3.1-3.3: power-of-two choice of
+    the round's initiator among the group, partial reduction of ``[w_i g'_i, w_i]`` over the group, Algorithm
+    2); every ``sync_every``-th round of a group its initiator pushes its parameters to the server (the last
+    ``servers`` ranks), which keeps the latest model of each group and returns their mean (section 6, "model
+    averaging"), and broadcasts the pulled model in its group, where every member overwrites its parameters
+    with it. Groups run asynchronously: a slow group never holds a fast one back. ``groups="auto"`` measures
+    the step times for ``warmup_steps`` steps (as one group) and splits by the rule of section 4 (split while
+    max - min exceeds the mean; times [1, 3, 9, 27] give {0, 1}, {2}, {3}); explicit groups are lists of worker
+    ranks. One group is flat RNA (the server is not used). Launch with ``servers`` more ranks than workers;
+    the script is unchanged (train on ``opt.hetsync_protocol.fit_data(x, y, b)``, which shards over the
+    workers). Needs an MPI launch and :func:`hetsync.callbacks.core.standard`; float32 parameters. Per-step
+    statistics: flat RNA's plus ``rnah_group`` (this rank's group), ``rnah_groups``, ``rnah_ps_syncs``
+    (overwrites so far) and ``rnah_regroups``; the summary adds the groups and their changes.
+
+    Args:
+        optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
+        {args}
+
+    Returns:
+        keras.optimizers.Optimizer (class ``HierarchicalRNA_<optimizer class>``).
+
+    Raises:
+        TypeError: not a Keras 3 optimizer, or an unknown argument.
+        ValueError: an argument out of range; malformed groups (a rank listed twice, an empty group, not a
+            list); groups naming a server rank or a rank beyond the launch, or leaving a worker out; ``probes``
+            above the number of workers; servers leaving no worker; (at train begin) more servers than
+            parameters. All before training; the message names the bad value.
+        RuntimeError: hetsync not initialised, or launched under Gloo.
+        hetsync.protocols.rna.hierarchical.RNAHError: (at the end of training, on every rank) a group member, an
+            initiator or a server did not answer within ``timeout_s``, or a server failed.
+    """)

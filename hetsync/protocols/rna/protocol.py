@@ -1,0 +1,453 @@
+"""RNA: randomized non-blocking (partial) allreduce with cross-iteration gradient caching.
+
+Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
+Clusters" (Middleware '20), sections 3.1-3.3 and 6 (flat RNA; the hierarchical groups of section 4
+are :mod:`hetsync.protocols.rna.hierarchical`). This module holds the update rule; the controller's initiator choice
+and the message loop are in :mod:`hetsync.protocols.rna.control`.
+
+How one rank works
+------------------
+* **Compute step** (inside ``model.fit``'s compiled step, never waits for the network): WriteOp
+  caches this step's gradients g_t for the local iteration t (:func:`hetsync.ops.grad_cache_write`);
+  ReadOp returns the newest reduced result if one arrived since the last read, else the local
+  gradients (:func:`hetsync.ops.grad_cache_read`); the wrapped optimizer applies what ReadOp returned.
+* **Communication thread** (one per rank, :meth:`RNAProtocol.start` / :meth:`RNAProtocol.stop`)
+  runs :class:`hetsync.protocols.rna.control.RoundLoop`: the controller on rank 0 chooses each
+  round's initiator by power-of-d choices (section 3.2), and every rank joins each announced round
+  with one fused horovod allreduce (same name on every rank) of ``[w_i g'_i, w_i]`` where g'_i is
+  rank i's staleness-weighted accumulation (or the null gradient with w_i = 0), and publishes
+  ``sum_i w_i g'_i / sum_i w_i`` (Algorithm 2, W = 1 / sum w).
+* **Learning-rate scaling** (``scale_lr=True``): gamma_k = (sum_i w_{k,i}) * gamma (linear scaling
+  rule, section 3.3), implemented by multiplying the applied gradient by sum(w) (exact for SGD; for
+  momentum SGD the scaled gradient enters the momentum buffer; adaptive optimizers such as Adam
+  mostly cancel it). Consequence: the base learning rate is then a *per-rank* rate, i.e. about
+  gamma_BSP / n if gamma_BSP is the rate that works for BSP's averaged gradient on n ranks; a local
+  step (no fresh result) uses gamma itself. With ``scale_lr=False`` (default) every applied
+  gradient, averaged or local, uses the optimizer's rate unchanged: a rate set as horovod's
+  "lr x world size" then drives every local step too (n times a single worker's rate on b samples),
+  which diverged in issue 15's report; use ``scale_lr=True`` with the single-worker rate instead.
+* **Drift**: between rounds each rank applies its own local gradients, and those local steps are
+  never averaged away by later rounds (every rank applies the same averaged results), so replicas
+  drift apart like a random walk. The communication thread measures the drift, the largest L2
+  distance ||x_r - x_mean|| of a rank's parameters from the mean of the active ranks, every
+  ``drift_every`` rounds, and averages the parameters every ``average_every`` rounds (0: never):
+  each rank adds ``x_mean - x_r(snapshot)`` to its parameters at its next step, keeping its local
+  progress since the snapshot. ``average_at_end`` averages the final parameters. The snapshot is
+  consistent: the step's update (optimizer step and parameter correction) and the snapshot's read
+  of all variables run in one ``tf.CriticalSection``, so the thread never sees a half-updated model.
+* **Termination**: ranks may finish different numbers of steps. A rank whose training ends
+  (``stop``) reports "done" to the controller and keeps joining rounds with its leftovers (then the
+  null gradient) until the controller announces the final round (see
+  :mod:`hetsync.protocols.rna.control`). Every wait has a timeout (``timeout_s``) that fails with a
+  message naming what was awaited. ``stop`` always gathers every rank's statistics and errors
+  first, then raises the same :class:`RNAError` on every rank if any rank failed, so all ranks end
+  the same way within the protocol's timeouts.
+"""
+import dataclasses
+import logging
+import sys
+import threading
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from hetsync import ops, transport
+from hetsync import world
+from hetsync.core.protocol import Protocol
+from hetsync.core.config import ProtocolConfig, param
+from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER, Controller, RoundLoop
+from hetsync.core.wrapper import protocol_wrapper
+from hetsync.errors import RNAError
+
+__all__ = ["RNA", "RNAProtocol", "RNAConfig", "RNAError"]
+
+log = logging.getLogger("hetsync")
+
+#: Python's thread switch interval (seconds) while an RNA communication thread runs (restored at stop).
+SWITCH_INTERVAL_S = 0.0005
+
+
+@dataclasses.dataclass(frozen=True)
+class RNAConfig(ProtocolConfig):
+    """RNA's parameters (see :func:`RNA`)."""
+
+    owner: typing.ClassVar[str] = "RNA"
+
+    probes: int = param(2, "int in [1, max(world size, 2)], ranks probed per round (2: power of two choices; "
+                           "1: a purely random initiator; section 3.2).", ge=1, unit="ranks probed per round")
+    max_staleness: int = param(4, "int >= 0, bound (in local iterations) on the gap between pending gradients; "
+                                  "older ones are dropped and counted. Accumulated gradients get the staleness "
+                                  "weights t - (k - tau) + 1 (section 3.3, :mod:`hetsync.ops` notes).", ge=0,
+                               unit="local iterations")
+    scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
+                                  "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
+    average_every: int = param(10, "int >= 0; average the parameters (with the model's float32 non-trainable state, "
+                                   "e.g. BatchNormalization statistics) over the active ranks every that many rounds "
+                                   "(0: never). Every 10 rounds keeps the drift small at the cost of one "
+                                   "parameter-sized allreduce per 10 rounds, off the compute path (README: the drift "
+                                   "grows without it).", ge=0, unit="rounds")
+    drift_every: typing.Optional[int] = param(
+        None, "int >= 0, measure the drift every that many rounds (None: ``average_every``, or 20 if averaging is "
+              "off; 0: never).", ge=0, unit="rounds", none="average_every, or 20 without averaging")
+    average_at_end: bool = param(True, "bool, average the parameters once when training ends so every rank holds "
+                                       "the same final model (the drift before it is reported).")
+    timeout_s: float = param(120.0, "float seconds (> 0): longest wait for a ready initiator or a controller "
+                                    "message.", gt=0, unit="seconds")
+    finish_timeout_s: float = param(60.0, "float seconds (> 0): after some ranks finished, how long the controller "
+                                          "waits without any round before it ends without the unfinished ranks.",
+                                    gt=0, unit="seconds")
+    poll_ms: float = param(1.0, "float milliseconds (> 0): the communication thread's idle wait.", gt=0,
+                           unit="milliseconds")
+    seed: int = param(0, "int in [0, 2**32 - 1], seed of the controller's probe choices.", ge=0, le=2**32 - 1)
+    data_plan: typing.Literal["pool", "shard"] = param(
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+                "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
+                "once per epoch, :mod:`hetsync.data.pool`) or ``\"shard\"`` (a fixed equal share per rank).")
+
+
+class RNAProtocol(Protocol):
+    """Randomized non-blocking partial allreduce with a host gradient cache (see :func:`RNA`)."""
+
+    #: the communication thread runs horovod collectives (rounds, drift, parameter averages).
+    collectives_in_thread = True
+    #: the periodic parameter average (``average_every``) also averages the model's float32
+    #: non-trainable state (BatchNormalization statistics; issue 15). Hierarchical RNA: False.
+    average_state_in_rounds = True
+
+    name = "rna"
+    display_name = "RNA"
+    Config = RNAConfig
+    requires_mpi = True
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.cfg
+        #: the drift period in use (rounds): ``drift_every``, else ``average_every`` or 20.
+        self.drift_every = c.drift_every if c.drift_every is not None else (c.average_every or 20)
+        self._cache = self._pcache = None
+        self._vars = None
+        self._round = 0
+        self._thread = None
+        self._summary = {}
+        #: steps this rank ran in the current fit, set when training ends (None while training).
+        self.done_steps = None
+
+    @property
+    def _done_steps(self):
+        return self.done_steps
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def build(self):
+        """Check ``probes`` against the world size; create the statistics, the iteration counter and the
+        critical section shared by the step's update and the communication thread's snapshot."""
+        n = world.size()
+        if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
+            raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
+        for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
+                  "rna_drift", "rna_param_corrections"):
+            self.add_stat(s, -1.0 if s == "rna_drift" else 0.0)
+        with tf.init_scope():
+            self._iteration = tf.Variable(-1, dtype=tf.int64, trainable=False, name="hetsync_rna_iteration")
+            self._section = tf.CriticalSection(name="hetsync_rna_update")
+
+    def _create_caches(self):
+        variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
+        if not variables:
+            raise RuntimeError("RNA: the optimizer is not built (no trainable variables) at train begin; "
+                               "use it through model.compile + model.fit")
+        for v in variables:
+            if v.dtype != "float32":
+                raise TypeError(f"RNA: the gradient cache holds float32; variable {v.path} is {v.dtype}")
+        if self._vars is not None:
+            if [tuple(v.shape) for v in variables] != [tuple(v.shape) for v in self._vars]:
+                raise RuntimeError("RNA: the optimizer's variables changed between fits; wrap a new optimizer")
+            return
+        self._vars = variables
+        self._shapes = [tuple(v.shape) for v in variables]
+        # the periodic parameter average also averages the model's float32 non-trainable state (issue 15)
+        self._state = [v for v in self.state_variables if v.dtype == "float32"] if self.average_state_in_rounds else []
+        self._pshapes = self._shapes + [tuple(v.shape) for v in self._state]
+        self._cache = ops.grad_cache_create(self._shapes, self.cfg.max_staleness)
+        if self.cfg.average_every > 0:
+            self._pcache = ops.grad_cache_create(self._pshapes, 0)
+
+    def start(self):
+        """Create the caches, lower the thread switch interval and start the communication thread."""
+        self._create_caches()
+        # The communication thread needs the GIL for a few short moments per round; with Python's
+        # default 5 ms switch interval each of them can wait 5 ms behind the training loop.
+        self._saved_switch_interval = None
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._p2p = transport.dispatcher()
+        self._rank, self._n = world.rank(), world.size()
+        self._error = None
+        self._final_reason = None
+        self.done_steps = None
+        self._steps_at_start = int(self._iteration.numpy())
+        self._local = {"rounds_joined": 0, "contributed_rounds": 0,
+                       "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
+                       "drift": [], "drift_rel": [], "corrections": 0, "round_ms": []}
+        self._ctl = Controller(self.cfg, self.drift_every, self._n,
+                               lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round) \
+            if self._rank == 0 else None
+        self._loop = RoundLoop(self._p2p, self._rank, self._ctl, self, self.cfg.timeout_s, self.cfg.poll_ms)
+        self._thread = threading.Thread(target=self._run, name=f"hetsync-rna-comm-{self._rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        """End the communication thread, gather every rank's statistics and errors, then raise or average.
+
+        Order, the same on every rank: the thread is joined (at most finish_timeout_s + timeout_s +
+        10 seconds; a thread still alive is this rank's error); the two control channels are
+        drained (late messages counted; the other ranks' end markers are awaited 10 s longer than
+        that join); every rank's statistics and error are gathered
+        (:func:`hetsync.transport.allgather_object`); if any rank failed, every rank raises the
+        same :class:`RNAError`; else, with ``average_at_end``, the parameters are averaged. The
+        thread switch interval is restored.
+
+        Raises:
+            RNAError: the communication thread failed or did not end on some rank (the message
+                names the ranks and their errors); raised on every rank.
+        """
+        if self._thread is None:
+            return
+        self.done_steps = int(self._iteration.numpy()) - self._steps_at_start
+        budget = self.cfg.finish_timeout_s + self.cfg.timeout_s + 10.0
+        self._thread.join(budget)
+        thread, self._thread = self._thread, None
+        if thread.is_alive() and self._error is None:
+            self._error = (f"rank {self._rank}: RNA communication thread did not end within {budget:g} s after "
+                           "training ended (no final round from the controller)")
+        if self._saved_switch_interval is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+            sys.setswitchinterval(self._saved_switch_interval)
+        if self._ctl is not None:
+            self._round = self._ctl.round
+        late = {}
+        for channel in (CONTROL, TO_CONTROLLER):  # every rank drains once its own join is over
+            try:
+                late[channel] = self._p2p.drain(channel, timeout_s=budget + 10.0)
+            except transport.TransportTimeout as exc:
+                late[channel] = None
+                self._error = self._error or f"rank {self._rank}: {exc}"
+        self._gather_summary(late)
+        errors = [(d["rank"], d["error"]) for d in self._summary["per_rank"] if d["error"]]
+        if errors:
+            raise RNAError("RNA failed on rank(s) " + ", ".join(str(r) for r, _ in errors) + ": "
+                           + "; ".join(sorted({e for _, e in errors})))
+        super().stop()
+        self._summary.update(self._final)
+
+    # -- the compute step -----------------------------------------------------------------------------
+    def apply(self, grads, variables, local_apply):
+        """WriteOp, ReadOp, then the update (the wrapped optimizer's step with the read gradients, and
+        a pending parameter correction) inside the critical section shared with the snapshot."""
+        if self._cache is None:
+            raise RuntimeError("RNA: the step ran before train begin; pass hetsync.callbacks.core.standard(opt) "
+                               "to model.fit")
+        if [tuple(v.shape) for v in variables] != self._shapes:
+            raise RuntimeError("RNA: the step's variables do not match the optimizer's trainable variables")
+        grads = [tf.zeros(v.shape, tf.float32) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+        it = self._iteration.assign_add(1)
+        dropped = ops.grad_cache_write(self._cache, grads, it)
+        with tf.control_dependencies([dropped]):
+            outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
+        if self.cfg.scale_lr:
+            outs = [o * wsum for o in outs]
+        st = self._stats
+        st["rna_fresh"].assign(tf.cast(fresh, tf.float64))
+        st["rna_round"].assign(tf.cast(round_id, tf.float64))
+        st["rna_contributors"].assign(tf.cast(wsum, tf.float64))
+        st["rna_dropped"].assign(tf.cast(dropped, tf.float64))
+        if self._pcache is not None:
+            zeros = [tf.zeros(s, tf.float32) for s in self._pshapes]
+            deltas, pfresh, _, _ = ops.grad_cache_read(self._pcache, zeros, it)
+        result = []
+
+        def update():
+            result.append(local_apply(outs, variables))
+            if self._pcache is not None:
+                def correct():
+                    for v, d in zip(list(variables) + self._state, deltas):
+                        v.assign_add(d)
+                    st["rna_param_corrections"].assign_add(tf.constant(1.0, tf.float64))
+                    return tf.constant(True)
+
+                tf.cond(pfresh, correct, lambda: tf.constant(False))
+            # Reading every variable last makes the critical section's release wait for their updates.
+            return [tf.identity(v.value) for v in variables]
+
+        self._section.execute(update)
+        return result[0]
+
+    def snapshot(self):
+        """Return this rank's parameters as one flat float32 array, read consistently (never during a
+        step's update: inside the critical section the step's update also runs in)."""
+        values = self._section.execute(lambda: [tf.identity(v.value) for v in self._vars])
+        return np.concatenate([np.ravel(np.asarray(v, np.float32)) for v in values])
+
+    # -- the communication thread (the participant side of rna_control.RoundLoop) ---------------------
+    def gradient_pending(self, timeout_ms):
+        """Block up to ``timeout_ms`` milliseconds until a gradient is cached; return bool."""
+        return bool(ops.grad_cache_wait(self._cache, timeout_ms))
+
+    def _set_stat(self, name, value):
+        self._stats[name].assign(float(value))
+
+    def _run(self):
+        try:
+            self._loop.run()
+            self._final_reason = self._loop.final_reason
+            if self._loop.error and not self._error:
+                self._error = self._loop.error
+        except Exception as exc:  # noqa: BLE001 - reported at stop() and to the controller
+            self._error = f"rank {self._rank}: RNA communication thread failed: {exc!r}"
+            self._final_reason = "error"
+            log.error("hetsync %s", self._error)
+            try:
+                if self._ctl is not None and not self._ctl.final_sent:
+                    self._ctl.announce_final("error", error=self._error)
+                else:
+                    self._loop.send_to_controller(("error", self._error))
+            except Exception:  # noqa: BLE001 - the error is reported at stop() in any case
+                pass
+        finally:
+            try:
+                self._p2p.flush(self.cfg.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - counted by the dispatcher, reported here
+                log.warning("hetsync rank %d: RNA messages not delivered at the end: %s", self._rank, exc)
+
+    def join_round(self, round_id, initiator, average, drift):
+        """Join round ``round_id``: take the pending accumulation (or the null gradient), allreduce
+        ``[w g', w]`` with every rank, publish the result (Algorithm 2); then the parameter round if
+        the controller asked for it (``average``/``drift``: bools)."""
+        import time
+
+        t0 = time.monotonic()
+        flat, its, _ = ops.grad_cache_take(self._cache)
+        its = its.numpy()
+        if its.size:
+            self._local["contributed_rounds"] += 1
+            np.add.at(self._local["staleness"], its[-1] - its, 1)
+        reduced = transport.allreduce_sum([flat], name="hetsync_rna_round")[0]
+        ops.grad_cache_publish(self._cache, reduced, round_id)
+        self._local["round_ms"].append((time.monotonic() - t0) * 1e3)
+        c = int(round(float(reduced[-1].numpy())))
+        self._local["contributors"][c] = self._local["contributors"].get(c, 0) + 1
+        self._local["rounds_joined"] += 1
+        self._set_stat("rna_rounds", self._local["rounds_joined"])
+        self._set_stat("syncs", self._local["rounds_joined"])
+        if self._ctl is not None and self._ctl.response_ms:
+            self._set_stat("rna_probe_ms", self._ctl.response_ms[-1])
+        if average or drift:
+            self._parameter_round(round_id, average)
+
+    def _parameter_round(self, round_id, average):
+        """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
+        x = self.snapshot()
+        n_params = x.size  # the drift is measured over the trainable parameters only
+        if self._state:
+            x = np.concatenate([x] + [np.ravel(np.asarray(v.numpy(), np.float32)) for v in self._state])
+        active = 1.0 if self.done_steps is None else 0.0
+        finite = bool(np.isfinite(x).all())
+        raw = x
+        if not finite:  # issue 15: never sent; this rank joins the round as inactive, then fails
+            x, active = np.zeros_like(x), 0.0
+        s = transport.allreduce_sum([tf.constant(np.append(x * active, active).astype(np.float32))],
+                                    name="hetsync_rna_params")[0].numpy()
+        if s[-1] > 0:
+            mean = s[:-1] / s[-1]
+            drift = self.parameter_drift(x[:n_params], mean[:n_params], name="hetsync_rna_drift", active=bool(active))
+        if not finite:
+            self.check_finite_arrays([raw], "parameters (communication thread's snapshot)",
+                                     int(self._iteration.numpy()))
+        if s[-1] <= 0:
+            return
+        self._local["drift"].append((round_id, drift))
+        self._local["drift_rel"].append(drift / max(float(np.linalg.norm(mean[:n_params])), 1e-12))
+        self._set_stat("rna_drift", drift)
+        if average and active:
+            ops.grad_cache_publish(self._pcache, np.append(mean - x, 1.0).astype(np.float32), round_id)
+            self._local["corrections"] += 1
+
+    # -- statistics -----------------------------------------------------------------------------------
+    def _gather_summary(self, late):
+        st = ops.grad_cache_status(self._cache)
+        loc = self._local
+        mine = {"rank": self._rank, "steps": self.done_steps, "written": st["written"], "dropped": st["dropped"],
+                "taken": st["taken"], "contributed_rounds": loc["contributed_rounds"],
+                "fresh_reads": st["fresh_reads"], "undrained_at_end": st["written"] - st["taken"] - st["dropped"],
+                "unread_results": (max(0, st["newest_round"] - st["last_read_round"])
+                                   if st["newest_round"] >= 0 else 0),
+                "rounds_joined": loc["rounds_joined"], "probes_answered": self._loop.probes_answered,
+                "probes_expired": self._loop.probes_expired, "late_messages": late,
+                "staleness_histogram": [int(v) for v in loc["staleness"]], "error": self._error}
+        per_rank = transport.allgather_object(mine, name="hetsync_rna_totals")
+        hist = np.sum([d["staleness_histogram"] for d in per_rank], axis=0).astype(int).tolist()
+        rounds = loc["rounds_joined"]
+        contrib = loc["contributors"]
+        s = {
+            "syncs": rounds,
+            "rounds": rounds,
+            "round_allreduce_ms_median": float(np.median(loc["round_ms"])) if loc["round_ms"] else None,
+            "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
+            "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
+            "staleness_histogram": hist,
+            "dropped_gradients": sum(d["dropped"] for d in per_rank),
+            "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
+            "unsynchronized_gradients": sum(d["written"] - d["taken"] for d in per_rank),
+            "unread_results": sum(d["unread_results"] for d in per_rank),
+            "fresh_fraction": (sum(d["fresh_reads"] for d in per_rank) / max(1, sum(d["steps"] for d in per_rank))),
+            "drift_every": self.drift_every,
+            "drift_max": max((d for _, d in loc["drift"]), default=None),
+            "drift_last": loc["drift"][-1][1] if loc["drift"] else None,
+            "drift_relative_max": max(loc["drift_rel"], default=None),
+            "drift_series": loc["drift"][-200:],
+            "parameter_averages": loc["corrections"],
+            "final_reason": self._final_reason,
+            "per_rank": per_rank,
+        }
+        if self._ctl is not None:
+            ms = np.asarray(self._ctl.response_ms)
+            s.update({
+                "initiator_counts": self._ctl.initiators,
+                "probe_response_ms": ({"median": float(np.median(ms)), "p5": float(np.percentile(ms, 5)),
+                                       "p95": float(np.percentile(ms, 95)), "mean": float(ms.mean())}
+                                      if ms.size else None),
+                "reprobes": self._ctl.reprobes,
+                "done_steps": {str(k): v for k, v in sorted(self._ctl.done.items())},
+            })
+        self._summary = s
+
+    def summary_stats(self):
+        """End-of-run statistics (see the README's RNA section): rounds, contributors, initiators,
+        probe response times, staleness histogram, dropped/undrained gradients, drift, per-rank totals."""
+        if not self._summary:
+            return super().summary_stats()
+        return self.with_pool_stats(dict(self._summary))
+
+
+RNA = protocol_wrapper(RNAProtocol, """Wrap a Keras 3 optimizer for RNA: randomized non-blocking partial allreduce (RNA sections 3, 6).
+
+    The compute step never waits for the network: it caches its gradients (WriteOp) and applies the
+    newest averaged result if one arrived since the last step, else its own gradients (ReadOp). A
+    communication thread per rank runs the rounds: power-of-``probes`` choices of the initiator by
+    the controller on rank 0, then one fused allreduce of ``[w_i g'_i, w_i]`` over all ranks,
+    divided by sum(w) (Algorithm 2). Needs an MPI launch (``horovodrun --mpi`` / ``mpirun``) and
+    :func:`hetsync.callbacks.core.standard` (which starts and stops the thread). Gradients must be float32.
+
+    Args:
+        optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
+        {args}
+
+    Returns:
+        keras.optimizers.Optimizer (class ``RNA_<optimizer class>``, a subclass of the given one).
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
+        ValueError: an argument out of range (the message names it and what is allowed), or
+            ``probes`` larger than the world size.
+        RuntimeError: hetsync not initialised, or launched under Gloo (RNA needs MPI).
+    """)

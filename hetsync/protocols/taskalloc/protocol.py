@@ -1,0 +1,693 @@
+"""Task allocation: static and self-adaptive per-rank workloads for allreduce training.
+
+Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
+Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
+self-adaptive allocation); GUIDE section 2. The allocation arithmetic (eq. 10, rounding, plans,
+efficiency) is in :mod:`hetsync.protocols.taskalloc.allocation`; this module holds the protocol, its data
+plumbing (per-epoch plans read by Keras' prefetching thread) and its callback.
+
+Units: b = the run's per-rank batch size in samples (what BSP trains on per rank and step, the
+``batch_size`` of :meth:`TaskAllocationProtocol.fit_data`); a *micro-batch* is mb samples; w_i
+is rank i's number of micro-batches per synchronization round and C = sum_i w_i the round's
+number of micro-batches. Rank i processes w_i micro-batches (w_i x mb samples) per round; the ranks
+then allreduce the *sum* of their gradients and divide by the number of samples in the round, so
+each update is the mean gradient over every sample of the round (eq. 1 with the global batch
+C x mb samples). By default (``micro_batch=None``) mb = n b / C, so the global batch is BSP's,
+n x b samples (n = world size), and a user switching from BSP keeps the number of updates per
+epoch; if C does not divide n b, mb is n b / C rounded to the nearest integer (at least 1,
+:func:`default_micro_batch`) and the global batch C x mb is close to n b. An explicit
+``micro_batch`` mb gives a global batch of C x mb samples, e.g. larger than BSP's.
+
+Each rank's data share is w_i / C of the training set. ``static``: w is given. ``adaptive``
+(Algorithm 1): after each epoch the ranks exchange their compute time t_s^i and set
+
+    w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j)                                          (eq. 10)
+
+rounded to integers with sum C and w_i >= 1 (largest-remainder rounding). The speeds are pooled
+over every step since the allocation last changed. A new allocation is adopted only if it is
+predicted to shorten a round (the slowest rank's compute) by more than a threshold; after a few
+epochs below it the allocation is frozen.
+
+How the w_i micro-batches of a round are processed (a deliberate Keras 3 design choice): Keras 3's
+``model.fit`` fixes the number of steps per epoch when training begins (its ``EpochIterator``
+caches it; a data set that yields a different number of batches in a later epoch is cut short or
+"runs out of data"), so a rank cannot run w_i Keras steps per round when w changes between
+epochs. Here **one Keras step is one synchronization round** on every rank: rank i's batch in
+that step holds its w_i micro-batches (w_i x mb samples) and Keras computes their summed gradient
+in one pass, which is exactly the gradient accumulation of the paper (the sum of the micro-batch
+gradients), with activation memory for w_i x mb samples instead of mb. Every rank therefore runs
+the same number of steps per epoch, joins the same collectives, and sees the same epoch
+boundaries and callbacks, whatever its w_i.
+"""
+import dataclasses
+import json
+import logging
+import threading
+import time
+import typing
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hetsync import transport
+from hetsync.data import shards as partition
+from hetsync import world
+from hetsync.protocols.taskalloc.allocation import (adapt_allocation, allocation_change, default_micro_batch, epoch_indices,  # noqa: F401
+                         heterogeneity_efficiency, plan_rounds, predicted_gain, round_allocation)
+from hetsync.core import checks as _checks
+from hetsync.core.protocol import Protocol, present_gradients, scatter_gradients
+from hetsync.core.config import ProtocolConfig, param
+from hetsync.core.wrapper import protocol_wrapper
+
+__all__ = ["TaskAllocation", "TaskAllocationProtocol", "TaskAllocationConfig", "AllocatedData", "MODES"]
+
+log = logging.getLogger("hetsync")
+
+#: allowed values of ``mode``.
+MODES = ("static", "adaptive")
+#: adaptive mode without ``weights`` or ``total``: the allocation unit is this many samples (C = n b / unit),
+#: so eq. (10) can express any speed ratio down to single samples (with C = 8 n, ``speeds:1,1,1,0.5``
+#: rounds to [9, 9, 9, 5] and the slow rank's extra micro-batch caps E at 0.91).
+ADAPTIVE_DEFAULT_UNIT = 1
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+class AllocatedData(partition.BatchDataset):
+    """This rank's batches under the current allocation: item t = its samples of round t mod R
+    of epoch t // R (:meth:`TaskAllocationProtocol.step_indices`).
+
+    Infinite (``model.fit`` gets ``steps_per_epoch = R``; R, the rounds per epoch, is the same on
+    every rank and in every epoch), so Keras does not restart the data pipeline at every epoch: a
+    restart of a finite ``PyDataset`` cost 20-600 ms per epoch on 2 ranks, as much as several
+    steps. Keras prefetches items ahead, possibly of the next epoch, whose allocation is only known
+    after the epoch's exchange; such a request waits (in the prefetching thread, not the training
+    loop) until :meth:`TaskAllocationProtocol.begin_epoch` has set that epoch's plan.
+
+    Args:
+        x: array [N, ...]. y: array [N]. protocol: the owning :class:`TaskAllocationProtocol`.
+    """
+
+    def __init__(self, x, y, protocol):
+        super().__init__(x, y, protocol.step_indices)
+        self.protocol = protocol
+
+
+# -- the protocol --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TaskAllocationConfig(ProtocolConfig):
+    """Task allocation's parameters (see :func:`TaskAllocation`)."""
+
+    owner: typing.ClassVar[str] = "TaskAllocation"
+
+    mode: typing.Literal["static", "adaptive"] = param(
+        "static", "``\"static\"`` (w fixed) or ``\"adaptive\"`` (eq. 10 after each epoch, Algorithm 1).")
+    weights: typing.Optional[typing.Tuple[int, ...]] = param(
+        None, "list of n positive ints w_i (micro-batches per round, n = world size), or None: equal shares of "
+              "``total`` (largest-remainder rounding).", ge=1, unit="micro-batches per round, one per rank",
+        none="equal shares")
+    total: typing.Optional[int] = param(
+        None, "int C >= n, micro-batches per round over all ranks; default sum(weights), else n (static) or "
+              "n b / micro_batch (adaptive: single samples by default, set by ``fit_data``).", ge=1,
+        unit="micro-batches per round over all ranks", none="from weights, mode and batch size")
+    threshold: float = param(
+        0.05, "float in [0, 1): smallest predicted relative shortening of a round (compute time of its slowest "
+              "rank) for which a reallocation is adopted.", ge=0, lt=1,
+        unit="smallest predicted relative shortening of a round")
+    patience: int = param(2, "int >= 1: epochs below ``threshold`` after which the allocation is frozen.", ge=1,
+                          unit="epochs")
+    micro_batch: typing.Optional[int] = param(
+        None, "None (default: BSP's global batch, micro-batches of n b / C samples, see above) or int >= 1, samples "
+              "per micro-batch (global batch C x micro_batch samples).", ge=1, unit="samples per micro-batch",
+        none="BSP's global batch, n x batch_size samples per round")
+
+    def validate(self):
+        """``total`` and ``weights`` must agree when both are given."""
+        if self.weights is not None and self.total is not None and sum(self.weights) != self.total:
+            raise ValueError(f"TaskAllocation: total C={self.total} but the weights {list(self.weights)} sum to "
+                             f"{sum(self.weights)}; give one of them, or make them agree")
+
+
+class TaskAllocationProtocol(Protocol):
+    """Per-rank workloads w_i with a weighted allreduce each round (see :func:`TaskAllocation`).
+
+    Args: a :class:`TaskAllocationConfig` (or its fields); validated before training.
+
+    Raises:
+        ValueError: as :func:`TaskAllocation` (the world-size checks run in :meth:`build`).
+    """
+
+    #: the weighted allreduce carries every rank's non-finite flag (issue 15): all ranks stop together.
+    nonfinite_in_collective = True
+
+    name = "taskalloc"
+    display_name = "TaskAllocation"
+    Config = TaskAllocationConfig
+    #: the callback feeds each step's sample count m_i before the step (see :meth:`step_samples`).
+    max_steps_per_execution = 1
+    #: float seconds a data request for the next epoch waits for that epoch's allocation.
+    data_timeout_s = 600.0
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.weights = None  # numpy int64 [n], current allocation
+        self.total = None
+        self.history = []  # one dict per finished epoch
+        self.stable = False
+        self._pending = None
+        self._stable_count = 0
+        self._data = None
+        self._stream = None  # fit_dataset: {"rounds": R, "yielded": [samples of each batch made]}
+        #: int samples per micro-batch, set by :meth:`fit_data` (the argument, or
+        #: :func:`hetsync.protocols.taskalloc.allocation.default_micro_batch`); None before.
+        self.micro_batch = None
+        self.counts = None  # int64 [R, n]: samples of each rank in each round of the current epoch
+        self.rounds = 0
+        self._plans = {}  # epoch -> per-round, per-rank index arrays (the current and the next epoch)
+        self._plan_cv = threading.Condition()
+        self._closed = False  # set when a fit ends: requests for unplanned epochs get None
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def build(self):
+        """Check the allocation against the world size; set C and the initial w; create the statistics."""
+        n = world.size()
+        w = None if self.cfg.weights is None else list(self.cfg.weights)
+        total = self.cfg.total
+        if w is not None and len(w) != n:
+            raise ValueError(f"TaskAllocation: {len(w)} weights {w} given, but the world size is {n} "
+                             "(one weight per rank)")
+        # adaptive without weights or total: C is set from b in fit_data (n b / unit micro-batches)
+        self._auto_total = self.cfg.mode == "adaptive" and w is None and total is None
+        if total is None:
+            total = sum(w) if w is not None else n
+        if total < n:
+            raise ValueError(f"TaskAllocation: total C={total} is smaller than the world size {n}; every rank "
+                             "needs at least one micro-batch per round")
+        self.total = int(total)
+        self.weights = np.asarray(w, np.int64) if w is not None else round_allocation([total / n] * n, total)
+        self._mb = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="hetsync_taskalloc_samples")
+        for stat in ("w", "samples", "round_samples", "sync_wait_total_ms"):
+            self.add_stat(stat)
+        self._stats["w"].assign(float(self.weights[world.rank()]))
+
+    @property
+    def global_batch(self):
+        """Samples per full synchronization round over all ranks, C x :attr:`micro_batch` (int), or
+        None before :meth:`fit_data`."""
+        return None if self.micro_batch is None else int(self.total) * int(self.micro_batch)
+
+    def fit_data(self, x, y, batch_size, seed=0):
+        """Return ``model.fit`` data kwargs: a :class:`AllocatedData` of this rank's rounds.
+
+        ``batch_size`` is the run's per-rank batch size b, as for BSP. The micro-batch size is the
+        ``micro_batch`` argument if given (global batch C x micro_batch samples per round), else
+        :func:`default_micro_batch` ``(n, b, C)`` = n b / C rounded (at least 1): the global batch
+        is BSP's, n x b samples, exactly when C divides n b and C x micro_batch (close to n b)
+        otherwise. Sets :attr:`batch_size`, :attr:`micro_batch` and :attr:`samples_per_epoch`.
+
+        Args:
+            x: array [N, ...], the full training set (every rank passes the same one). y: int
+                array [N]. batch_size: int b >= 1, samples per rank per step as in BSP (the
+                reference of the emulated device, ``device:MS`` = MS ms per b samples). seed: int,
+                seeds the per-epoch permutation.
+
+        Returns:
+            ``{"x": AllocatedData, "steps_per_epoch": R, "shuffle": False}`` (the data set
+            shuffles per epoch itself; R rounds per epoch).
+
+        Raises:
+            ValueError: ``batch_size`` not a positive int, ``x`` and ``y`` of different lengths,
+                or fewer samples than ranks.
+        """
+        b = _checks.check_int("TaskAllocation", "batch_size", batch_size, ge=1,
+                              unit="samples per rank per step, as for BSP")
+        if len(x) != len(y):
+            raise ValueError(f"TaskAllocation.fit_data: x has {len(x)} samples but y has {len(y)}")
+        self._set_batch(b)
+        self.seed, self.n_samples = int(seed), len(x)
+        self._stream = None
+        self._data = AllocatedData(x, y, self)
+        self._plan(0, reset=True)
+        return {"x": self._data, "steps_per_epoch": self.rounds, "shuffle": False}
+
+    def _set_batch(self, b):
+        """Set C (adaptive default), :attr:`batch_size` and :attr:`micro_batch` for the run's per-rank batch b."""
+        n = world.size()
+        if self._auto_total:
+            unit = self.cfg.micro_batch if self.cfg.micro_batch is not None else ADAPTIVE_DEFAULT_UNIT
+            total = max(n, (n * b) // unit)
+            if total != self.total:  # first fit (or a new batch size): equal shares of the new C
+                self.total = int(total)
+                self.weights = round_allocation([total / n] * n, total)
+                self._stats["w"].assign(float(self.weights[world.rank()]))
+        mb = self.cfg.micro_batch if self.cfg.micro_batch is not None else default_micro_batch(n, b, self.total)
+        self.batch_size, self.micro_batch = b, mb
+        if self.cfg.micro_batch is None and self.global_batch != n * b and world.rank() == 0:
+            log.info("taskalloc: C=%d micro-batches do not divide BSP's global batch %d x %d = %d samples; "
+                     "micro-batch %d samples, global batch %d samples per round", self.total, n, b, n * b, mb,
+                     self.global_batch)
+
+    def fit_dataset(self, dataset, batch_size, steps_per_epoch=None):
+        """Return ``model.fit`` data kwargs that batch a user's per-rank ``tf.data`` pipeline by w_i.
+
+        ``dataset`` is this rank's *unbatched* data (e.g. ``ds.shard(hetsync.size(), hetsync.rank())``).
+        Each step (one round) this rank takes the next w_i micro-batches of :attr:`micro_batch`
+        samples from it, w_i x micro_batch samples as one batch, where w_i is the allocation of the
+        step's epoch: under ``adaptive`` a new w from the exchange at an epoch's end applies from
+        the next epoch's first batch on. The batches come from a Python generator
+        (``tf.data.Dataset.from_generator``) over the user's dataset cut into micro-batches
+        (``dataset.repeat().batch(micro_batch, drop_remainder=True)``); a request for a batch of an
+        epoch whose allocation is not set yet (Keras prefetches ahead) waits for it, as
+        :class:`AllocatedData` does, at most ``data_timeout_s``.
+
+        Data: the user's dataset is repeated, so a rank with a larger share simply goes through its
+        own data faster (unlike :meth:`fit_data`, which reshards the whole training set by w_i every
+        epoch so each sample is used once per epoch). Rounds per epoch R: ``steps_per_epoch`` if
+        given, else floor(sum over ranks of the dataset lengths / global batch) (one allgather).
+        Requirements (checked): ``steps_per_execution=1`` (as for every task-allocation run),
+        elements whose first dimension can be concatenated (tensors, or tuples/dicts of tensors).
+
+        Args:
+            dataset: ``tf.data.Dataset`` of single examples (this rank's share).
+            batch_size: int b >= 1, the run's per-rank batch size in samples, as for BSP and
+                :meth:`fit_data` (sets C and the micro-batch the same way).
+            steps_per_epoch: int R >= 1 (rounds per epoch, the same on every rank), or None.
+
+        Returns:
+            ``{"x": tf.data.Dataset, "steps_per_epoch": R, "shuffle": False}`` (infinite; Keras keeps one iterator
+            for the whole fit).
+
+        Raises:
+            TypeError: ``dataset`` not a ``tf.data.Dataset``.
+            ValueError: bad ``batch_size`` or ``steps_per_epoch``; unknown length without
+                ``steps_per_epoch``; fewer samples than one global batch; ranks passing different
+                ``steps_per_epoch``.
+        """
+        b = self._check_fit_dataset(dataset, batch_size, steps_per_epoch)
+        self._set_batch(b)
+        if steps_per_epoch is None:
+            per_rank = self._cardinalities(dataset)
+            rounds = sum(per_rank) // self.global_batch
+            if rounds < 1:
+                raise ValueError(f"TaskAllocation: fit_dataset: {sum(per_rank)} samples over all ranks (per rank "
+                                 f"{per_rank}) are fewer than one round's global batch of {self.global_batch}")
+        else:
+            rounds = int(steps_per_epoch)
+            agreed = transport.allgather_object(rounds, name="hetsync_taskalloc_stream_rounds")
+            if len(set(agreed)) != 1:
+                raise ValueError(f"TaskAllocation: fit_dataset: the ranks passed different steps_per_epoch {agreed}")
+        self.seed, self.n_samples = 0, rounds * self.global_batch
+        self._stream = {"rounds": rounds, "yielded": []}
+        self._data = None
+        self._plan(0, reset=True)
+        mb = self.micro_batch
+        micro = dataset.repeat().batch(mb, drop_remainder=True)
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype), micro.element_spec)
+        stream = self._stream
+
+        def batches():
+            it = iter(micro)
+            t = 0
+            while True:
+                m = self.stream_samples(t)
+                if m is None:  # the fit ended: stop the pipeline
+                    return
+                parts = [next(it) for _ in range(max(1, m // mb))]
+                stream["yielded"].append(m)
+                yield tf.nest.map_structure(lambda *xs: tf.concat(xs, 0).numpy(), *parts)
+                t += 1
+
+        ds = tf.data.Dataset.from_generator(batches, output_signature=spec)
+        return {"x": ds.prefetch(1), "steps_per_epoch": rounds, "shuffle": False}
+
+    def stream_samples(self, t):
+        """Samples of this rank at global step ``t`` of a :meth:`fit_dataset` run (int w_i x
+        micro_batch of step t's epoch), waiting for that epoch's allocation; None once the fit ended.
+
+        Raises:
+            RuntimeError: the epoch's allocation did not come within ``data_timeout_s`` seconds.
+        """
+        with self._plan_cv:
+            rounds = self.rounds
+        epoch, r = divmod(int(t), rounds)
+        count = self.indices_for(epoch, r)
+        return None if count is None else int(count)
+
+    # -- per-epoch plan ----------------------------------------------------------------------------
+    def _plan(self, epoch, reset=False):
+        """Plan ``epoch`` under the current weights: computed first, then published atomically under
+        ``_plan_cv`` (Keras' prefetching thread reads the plans while holding it)."""
+        if self._stream is not None:  # fit_dataset: every round w_i micro-batches; the plan is the counts
+            counts = np.tile(np.asarray(self.weights, np.int64) * int(self.micro_batch), (self._stream["rounds"], 1))
+            indices = counts
+        else:
+            counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
+            indices = epoch_indices(self.n_samples, counts, epoch, self.seed)
+        mine = int(counts[:, world.rank()].sum())
+        with self._plan_cv:
+            self.counts, self.rounds, self.epoch, self._indices = counts, len(counts), epoch, indices
+            self.samples_per_epoch = mine
+            self._plans = {} if reset else {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans[epoch] = indices
+            self._plan_cv.notify_all()
+
+    def step_samples(self, batch):
+        """Samples this rank trains on in step ``batch`` of the current epoch: its share of round
+        ``batch``, ``counts[batch, rank]`` (w_i x :attr:`micro_batch` in a full round, fewer in the
+        last, partial one).
+
+        This is what the emulated device (a scenario ``device:MS``, which charges MS milliseconds
+        per :attr:`batch_size` samples) uses to cost the step, read by
+        :class:`hetsync.callbacks.core.Slowdown` before the step starts; the protocol's own callback
+        feeds it to the compiled step as m_i.
+
+        Args:
+            batch: int >= 0, the step's index within the current epoch (Keras' ``batch``).
+
+        Returns:
+            int samples (0 for a step past the epoch's rounds), or None before :meth:`fit_data`.
+        """
+        with self._plan_cv:
+            counts, rounds = self.counts, self.rounds
+        if counts is None:
+            return None
+        return int(counts[batch, world.rank()]) if batch < rounds else 0
+
+    def indices_of_round(self, r):
+        """Sample indices (int64 array) of this rank in round ``r`` of the current epoch."""
+        return self._indices[r][world.rank()]
+
+    def indices_for(self, epoch, r):
+        """Sample indices (int64 array) of this rank in round ``r`` of ``epoch``, waiting for its plan.
+
+        Called from Keras' prefetching thread. A request for an epoch not planned yet waits until
+        :meth:`begin_epoch` plans it, at most :attr:`data_timeout_s` seconds.
+
+        Returns:
+            int64 array, or None once training has ended (a request from a finished pipeline).
+
+        Raises:
+            RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
+        """
+        with self._plan_cv:
+            self._plan_cv.wait_for(lambda: epoch in self._plans or self._closed, self.data_timeout_s)
+            if epoch in self._plans:
+                return self._plans[epoch][r][world.rank()]
+            if self._closed:
+                return None
+        raise RuntimeError(f"TaskAllocation: rank {world.rank()}: the data of epoch {epoch} was requested but its "
+                           f"allocation was not set within data_timeout_s={self.data_timeout_s:g} s (the previous "
+                           "epoch's exchange did not finish)")
+
+    def step_indices(self, t):
+        """Sample indices (int64 array) of this rank at global step ``t`` (int >= 0): round t mod R of
+        epoch t // R, waiting for that epoch's plan (:meth:`indices_for`); one sample after the fit
+        has ended (a request from a finished pipeline, never trained on).
+
+        Raises:
+            RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
+        """
+        with self._plan_cv:
+            rounds = self.rounds
+        epoch, r = divmod(int(t), rounds)
+        idx = self.indices_for(epoch, r)
+        return np.arange(1) if idx is None else idx
+
+    def begin_fit(self):
+        """Serve data requests for future epochs by waiting for their plans (called at train begin)."""
+        with self._plan_cv:
+            self._closed = False
+
+    def end_fit(self):
+        """Training ended: release waiting data requests and re-plan epoch 0 for a later ``fit``."""
+        with self._plan_cv:
+            self._closed = True
+            self._plan_cv.notify_all()
+        if self._data is not None or self._stream is not None:
+            self._plan(0, reset=True)
+
+    def begin_epoch(self, epoch):
+        """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
+        if self._data is None and self._stream is None:
+            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
+                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
+                               "batch_size): the protocol sets each rank's batch to its share w_i")
+        if self._pending is not None:
+            self.weights, self._pending = self._pending, None
+        self._plan(epoch)
+        self._stats["w"].assign(float(self.weights[world.rank()]))
+
+    def end_epoch(self, epoch, compute_s, wait_s, wall_s, speed, steady=(0, 0.0, 0.0)):
+        """Exchange this epoch's measurements, record them, and (adaptive) compute the next w.
+
+        One :func:`hetsync.transport.allgather_object` of a dict per rank (every rank calls it once
+        per epoch). ``speed`` v_i
+        is rank i's samples per second of compute: the median, over every step since the
+        allocation last changed (the first step of each epoch excluded), of m_i / (step time - time
+        inside the allreduce). The median is robust to a step that lost its core to another
+        process, and pooling the epochs of one allocation gives it more than one epoch of steps.
+        Eq. (10) is applied with t_s^i = w_i mb / v_i (mb = :attr:`micro_batch` samples), the
+        compute time of one full round, i.e. w_i <- C v_i / sum_j v_j, and adopted if
+        :func:`predicted_gain` exceeds ``threshold``.
+
+        Args:
+            epoch: int. compute_s: float seconds of compute in the epoch (all steps, waiting
+                excluded). wait_s: float seconds inside synchronization. wall_s: float seconds
+                from the epoch's start to its end on this rank. speed: float samples/s (0: none).
+            steady: ``(samples, compute_s, wall_s)`` of the epoch without its first step (which
+                carries graph tracing and waits for rank 0's end-of-epoch evaluation); the
+                heterogeneity efficiency of the epoch is computed from these.
+
+        Returns:
+            dict, the epoch's record (also appended to :attr:`history`).
+        """
+        me = world.rank()
+        mine = {"w": int(self.weights[me]), "samples": int(self.samples_per_epoch), "compute_s": float(compute_s),
+                "wait_s": float(wait_s), "wall_s": float(wall_s), "speed": float(speed), "total": int(self.total),
+                "n_samples": int(self.n_samples), "steady_samples": float(steady[0]),
+                "steady_compute_s": float(steady[1]), "steady_wall_s": float(steady[2])}
+        table = transport.allgather_object(mine, name="hetsync_taskalloc_epoch")
+
+        def col(key, dtype=np.float64):
+            return np.asarray([r[key] for r in table], dtype)
+
+        w_all, totals, n_all = col("w", np.int64), col("total", np.int64), col("n_samples", np.int64)
+        if not (np.all(w_all == self.weights) and np.all(totals == self.total) and np.all(n_all == n_all[0])):
+            raise RuntimeError(f"TaskAllocation: ranks disagree on the allocation (w {list(w_all)}, C "
+                               f"{list(totals)}, N {list(n_all)}); give every rank the same "
+                               "arguments and training set")
+        samples, compute, wait, wall = col("samples"), col("compute_s"), col("wait_s"), col("wall_s")
+        rate = col("speed")
+        per_round = np.where(rate > 0, self.weights * self.micro_batch / np.maximum(rate, 1e-12), 0.0)
+        eff = heterogeneity_efficiency(col("steady_samples"), col("steady_compute_s"),
+                                       float(col("steady_wall_s").max()))
+        rec = {"epoch": int(epoch), "w": [int(v) for v in self.weights], "samples": [int(v) for v in samples],
+               "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
+               "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
+               "speed_samples_per_s": [float(v) for v in rate], "efficiency": eff, "next_w": None,
+               "change": None, "gain": None, "stable": self.stable}
+        if self.cfg.mode == "adaptive" and not self.stable:
+            if np.all(rate > 0):
+                new = adapt_allocation(self.weights, per_round, self.total)
+                gain = predicted_gain(self.weights, new, rate)
+                rec["change"], rec["gain"] = allocation_change(self.weights, new), gain
+                if gain > self.cfg.threshold:
+                    self._pending, self._stable_count = new, 0
+                else:
+                    self._stable_count += 1
+                    self.stable = self._stable_count >= self.cfg.patience
+            rec["stable"] = self.stable
+        rec["next_w"] = [int(v) for v in (self._pending if self._pending is not None else self.weights)]
+        self.history.append(rec)
+        if me == 0:
+            log.info("taskalloc epoch %d: w=%s t_s=%s s wait=%s s E=%.3f change=%s gain=%s -> next w=%s%s", epoch,
+                     rec["w"], [round(v, 3) for v in rec["t_s_s"]], [round(v, 3) for v in rec["wait_s"]], eff,
+                     "-" if rec["change"] is None else f"{rec['change']:.3f}",
+                     "-" if rec["gain"] is None else f"{rec['gain']:.3f}", rec["next_w"],
+                     " (stable)" if self.stable else "")
+        return rec
+
+    def callbacks(self):
+        return [_TaskAllocationCallback(self)]
+
+    def summary_stats(self):
+        """End-of-run statistics (JSON-serialisable dict): ``syncs``, ``mode``, ``total`` (C,
+        micro-batches per round), ``micro_batch`` (samples per micro-batch in use), ``batch_size``
+        (the run's per-rank b, samples), ``global_batch`` (C x micro_batch, samples per full round),
+        ``rounds_per_epoch``, ``final_w``, ``stable``, ``stable_epoch`` and ``epochs`` (one record per
+        epoch, see :meth:`end_epoch`)."""
+        out = super().summary_stats()
+        out.update({"mode": self.cfg.mode, "total": self.total, "micro_batch": self.micro_batch,
+                    "batch_size": self.batch_size, "global_batch": self.global_batch,
+                    "rounds_per_epoch": self.rounds, "final_w": [int(v) for v in self.weights],
+                    "stable": self.stable, "epochs": self.history})
+        stable_at = [h["epoch"] for h in self.history if h["stable"]]
+        out["stable_epoch"] = stable_at[0] if stable_at else None
+        return out
+
+    # -- the step ------------------------------------------------------------------------------------
+    def apply(self, grads, variables, local_apply):
+        """Weighted allreduce: sum_i m_i g_i / sum_i m_i over the ranks, then the local update.
+
+        ``g_i`` is rank i's mean gradient over its m_i samples of this round (Keras' default
+        ``sum_over_batch_size`` loss reduction), so the result is the mean gradient over every
+        sample of the round, whatever the split. One grouped horovod allreduce per step carries the
+        scaled gradients, m_i and the [n] non-finite flags (a set flag stops every rank, issue 15).
+        """
+        present, dense = present_gradients(grads)
+        m = tf.identity(self._mb)
+        scaled = [g * tf.cast(m, g.dtype) for g in dense] + [tf.reshape(m, [1]), self.nonfinite_flags(self._step_bad)]
+        out = self.synchronize(lambda ts: transport.allreduce_sum(ts, name="hetsync_taskalloc"), scaled)
+        with tf.control_dependencies([self.check_nonfinite_flags(out[-1], "the gradient allreduce")]):
+            reduced = [tf.identity(t) for t in out[:-1]]
+        total = reduced[-1][0]
+        check = tf.debugging.assert_positive(
+            total, message="TaskAllocation: no samples in this round; train on opt.hetsync_protocol.fit_data(...) "
+                           "with hetsync.callbacks.core.standard(opt)")
+        with tf.control_dependencies([check] if check is not None else []):
+            total = tf.identity(total)
+        out = scatter_gradients(grads, present, [g / tf.cast(total, g.dtype) for g in reduced[:-1]])
+        self._stats["samples"].assign(tf.cast(m, tf.float64))
+        self._stats["round_samples"].assign(tf.cast(total, tf.float64))
+        self._stats["sync_wait_total_ms"].assign_add(self._stats["sync_wait_ms"])
+        return local_apply(out, variables)
+
+
+    def state(self):
+        """The base state plus the allocation (issue 15): ``weights`` w_i (ints), ``total``, the
+        per-epoch ``history``, ``stable``, the pending allocation and the stability count."""
+        out = super().state()
+        out["allocation"] = {
+            "weights": None if self.weights is None else [int(w) for w in self.weights], "total": self.total,
+            "history": json.loads(json.dumps(self.history, default=float)), "stable": bool(self.stable),
+            "pending": None if self._pending is None else [int(w) for w in self._pending],
+            "stable_count": int(self._stable_count)}
+        return out
+
+    def load_state(self, state):
+        """Restore :meth:`state` (the allocation included). Raises ValueError as the base does."""
+        super().load_state(state)
+        a = state.get("allocation")
+        if a is not None:
+            self.weights = None if a["weights"] is None else np.asarray(a["weights"], np.int64)
+            self.total, self.history, self.stable = a["total"], list(a["history"]), bool(a["stable"])
+            self._pending = None if a["pending"] is None else np.asarray(a["pending"], np.int64)
+            self._stable_count = int(a["stable_count"])
+
+class _TaskAllocationCallback(keras.callbacks.Callback):
+    """Feeds each step's sample count m_i to the compiled step, times compute, runs the epoch exchange."""
+
+    def __init__(self, protocol):
+        super().__init__()
+        self.p = protocol
+
+    def on_train_begin(self, logs=None):
+        if self.p._data is None and self.p._stream is None:
+            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
+                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
+                               "batch_size): the protocol sets each rank's batch to its share w_i")
+        self.p.begin_fit()
+
+    def on_train_end(self, logs=None):
+        self.p.end_fit()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.p.begin_epoch(epoch)
+        self._t0 = self._steady_t0 = time.perf_counter()
+        self._wait0 = float(self.p._stats["sync_wait_total_ms"].numpy())
+        self._busy = 0.0
+        w = tuple(int(v) for v in self.p.weights)
+        if w != getattr(self, "_pool_w", None):  # speeds are pooled while the allocation stays the same
+            self._rates, self._pool_w = [], w
+        self._steady_samples, self._steady_compute = 0, 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._m = self.p.step_samples(batch)
+        self.p._mb.assign(float(self._m))
+        self._wait_b = float(self.p._stats["sync_wait_total_ms"].numpy())
+        self._tb = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        dt = time.perf_counter() - self._tb
+        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait_b) / 1e3
+        self._busy += dt
+        # the first step of every epoch (graph tracing, data pipeline start, waiting for rank 0's
+        # evaluation of the previous epoch) is not used as a speed sample
+        if batch > 0 or self.p.rounds == 1:
+            if dt - wait > 0:
+                self._rates.append(self._m / (dt - wait))
+            self._steady_samples += self._m
+            self._steady_compute += max(dt - wait, 0.0)
+        else:
+            self._steady_t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.p.rounds == 1:
+            self._steady_t0 = self._t0
+        wall = time.perf_counter() - self._t0
+        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait0) / 1e3
+        compute = max(self._busy - wait, 1e-9)
+        rate = float(np.median(self._rates)) if self._rates else 0.0
+        steady = (self._steady_samples, self._steady_compute, time.perf_counter() - self._steady_t0)
+        self.p.end_epoch(epoch, compute, wait, wall, rate, steady)
+
+
+TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
+
+    Paper section III. Rank i processes w_i micro-batches of ``micro_batch`` samples per
+    synchronization round; the ranks allreduce the sum of their gradients (weighted by samples)
+    and divide by the round's sample count, so every update is the mean gradient of a global
+    batch of C x micro_batch samples, C = sum_i w_i micro-batches (eq. 1). Each rank's data share
+    is w_i / C of the training set, resharded every epoch so every sample is used exactly once per
+    epoch. One Keras step is one round on every rank (see the module docstring), so all ranks run
+    the same steps per epoch.
+
+    Global batch: b is the run's per-rank batch size in samples, the ``batch_size`` given to
+    ``opt.hetsync_protocol.fit_data`` exactly as for BSP (``--batch-size`` of
+    ``examples/keras_digits.py``). By default (``micro_batch=None``) a round holds BSP's global
+    batch, n x b samples (n = world size), split into C micro-batches of n b / C samples, so a
+    run switched from BSP makes as many updates per epoch as BSP. If C does not divide n b, the
+    micro-batch is n b / C rounded to the nearest integer, at least 1
+    (:func:`default_micro_batch`), and the global batch is C x micro_batch, close to n x b. With
+    the static default C = n and b = 32: micro-batches of 32 samples. The adaptive default
+    (neither ``weights`` nor ``total``) allocates single samples: C = n b micro-batches of one
+    sample (of ``micro_batch`` samples if given: C = n b / micro_batch), so eq. (10) can express
+    any speed ratio (with C = 8 n, ``speeds:1,1,1,0.5`` rounds to [9, 9, 9, 5] and the slow
+    rank's extra micro-batch caps E at 0.91). Each rank's w_i micro-batches are one Keras batch
+    (one forward/backward pass), so a small micro-batch costs nothing per step. Either way the
+    global batch is 32 n for b = 32. An int ``micro_batch`` with an explicit C sets the micro-batch
+    size and hence a global batch of C x micro_batch samples (e.g. larger than BSP's).
+
+    ``adaptive`` (paper section III-B, Algorithm 1): after each epoch all ranks allgather their
+    compute time t_s^i (seconds computing, waiting inside the allreduce excluded, first step of the
+    epoch excluded; as a per-step median pooled over the epochs of the current allocation) and set
+    w_i <- C (w_i / t_s^i) / sum_j (w_j / t_s^j) (eq. 10), rounded with
+    :func:`round_allocation` (largest remainder, sum C, w_i >= 1). A new allocation is adopted only
+    if it is predicted to shorten a round by more than ``threshold`` (:func:`predicted_gain`: the
+    slowest rank's compute time max_i w_i micro_batch / v_i, before against after); after
+    ``patience`` consecutive epochs below it the allocation is frozen ("stable"). Statistics per
+    epoch (w, t_s, waiting time, heterogeneity efficiency, see :func:`heterogeneity_efficiency`)
+    are exchanged by one allgather per epoch in both modes, logged on rank 0 and reported in
+    ``summary_stats()["epochs"]`` (``summary.json`` ``stats`` through SyncMetrics, with
+    ``micro_batch`` and ``global_batch``).
+
+    Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
+    hetsync.callbacks.core.standard(opt))`` (the protocol's callback is part of ``standard``).
+
+    Args:
+        optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
+        {args}
+
+    Returns:
+        keras.optimizers.Optimizer (class ``TaskAllocation_<optimizer class>``, a subclass of the given one).
+
+    Raises:
+        ValueError: unknown mode; weights that are not positive integers, or not one per rank;
+            total smaller than the world size or different from sum(weights); bad threshold,
+            patience or micro_batch (not None and not an integer >= 1; the message names the
+            value) (all before training starts).
+        TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
+        RuntimeError: :func:`hetsync.init` was not called.
+    """)
