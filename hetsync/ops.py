@@ -101,7 +101,7 @@ def delay(tensors, control, name=None):
 
     The wait happens on the library's timer thread (an ``AsyncOpKernel``), so no TensorFlow
     thread is held: inside a training step it behaves like a slower device, not a sleeping
-    Python callback. Used by :class:`hetsync.callbacks.core.Slowdown` and for ``netdelay`` latency.
+    Python callback. Used by :class:`hetsync.callbacks.Slowdown` and for ``netdelay`` latency.
 
     Args:
         tensors: list of tensors of any dtype and shape (may be empty); returned unchanged.

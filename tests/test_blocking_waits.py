@@ -88,10 +88,10 @@ ALLOWLIST = {
     ("hetsync/transport/p2p.py", "Dispatcher.shutdown", "self._comm.Free"): "MPI_Comm_free is local",
     # horovod's initialisation duplicates the MPI world inside horovod (collective) and has no timeout; a rank
     # that never gets there hangs the others until it exits (mpirun then ends the job). Known, not fixable here.
-    ("hetsync/runtime.py", "init", "hvd.init"): "horovod's own collective initialisation, no timeout available",
+    ("hetsync/world.py", "init", "hvd.init"): "horovod's own collective initialisation, no timeout available",
     # RNA-H's heartbeat sender: a periodic send loop, not a wait for anything; ends when stop() sets the
     # event, then stop() joins it with a 5 s timeout.
-    ("hetsync/protocols/rnah.py", "HierarchicalRNAProtocol._heartbeat", "while"): "periodic sender ended by its "
+    ("hetsync/protocols/rna/hierarchical.py", "HierarchicalRNAProtocol._heartbeat", "while"): "periodic sender ended by its "
                                                                                     "stop event (joined, 5 s)",
 }
 
@@ -232,11 +232,11 @@ def test_inventory_is_complete_and_allowlist_is_current():
     # the inventory really sees the package's waits (a broken matcher would pass vacuously)
     assert {"compiled op", "dispatcher", "wait", "polling loop", "mpi", "subprocess", "horovod init"} <= kinds, kinds
     calls = {(i["file"], i["call"]) for i in INVENTORY}
-    for expected in [("hetsync/protocols/hop.py", "ops.hop_token_take"),
-                     ("hetsync/protocols/rna.py", "self._thread.join"),
-                     ("hetsync/protocols/taskalloc.py", "self._plan_cv.wait_for"),
+    for expected in [("hetsync/protocols/hop/protocol.py", "ops.hop_token_take"),
+                     ("hetsync/protocols/rna/protocol.py", "self._thread.join"),
+                     ("hetsync/protocols/taskalloc/protocol.py", "self._plan_cv.wait_for"),
                      ("hetsync/transport/p2p.py", "while"),
-                     ("hetsync/callbacks.py", "d.recv")]:
+                     ("hetsync/callbacks/metrics.py", "d.recv")]:
         assert expected in calls, f"{expected} missing from the inventory"
 
 
@@ -273,9 +273,9 @@ def f(t, ev, q, p2p, fut, lock):
 
 
 def test_horovod_collectives_are_bounded_by_the_stall_shutdown():
-    """Collectives have no per-call timeout: runtime.init sets horovod's stall shutdown, and only
+    """Collectives have no per-call timeout: world.init sets horovod's stall shutdown, and only
     hetsync/transport calls horovod's collectives (so the bound covers every one of them)."""
-    with open(os.path.join(PKG, "runtime.py")) as f:
+    with open(os.path.join(PKG, "world.py")) as f:
         tree = ast.parse(f.read())
     sets = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "os.environ.setdefault"
             and n.args and isinstance(n.args[0], ast.Constant)]

@@ -232,9 +232,10 @@ def test_a_launch_without_a_worker_left_fails_before_training():
     with pytest.raises(ValueError, match="SHAT: servers=1 leaves no worker: the launch has 1 rank"):
         opt.hetsync_protocol.fit_data(np.zeros((8, 2), np.float32), np.zeros(8, np.int64), 4)
     with pytest.raises(ValueError, match="leaves no worker"):
-        hetsync.world.set_servers(1)
+        hetsync.roles.Roles.of_world(1)
     with pytest.raises(ValueError, match="servers must be an int >= 0"):
-        hetsync.world.set_servers(-1)
+        hetsync.roles.Roles.of_world(-1)
+    assert opt.hetsync_protocol.roles == hetsync.roles.Roles(size=1, servers=0, rank=0)  # fell back: every rank works
 
 
 def test_roles_follow_the_wrapped_protocol():

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from conftest import launch, read_json, read_jsonl
-from hetsync.emulation import scenario as sd
+from hetsync import emulation as sd
+from hetsync.emulation import faults as emulation_faults
 
 DIGITS = "examples/keras_digits.py"
 
@@ -65,22 +66,20 @@ def test_solo_speed_measurements_run_without_the_faults():
 
 
 def test_a_fault_fires_once_per_process(monkeypatch):
-    monkeypatch.setattr(sd, "_fired", [])
-    monkeypatch.setattr(sd, "_fired_keys", set())
+    monkeypatch.setattr(emulation_faults, "_fired", [])
+    monkeypatch.setattr(emulation_faults, "_fired_keys", set())
     f = sd.Fault("stall", 0, 0.0, 0.01)
     assert not f.fired()
     record = f.fire(1.5)
     assert record["kind"] == "stall" and record["fired_at_s"] == 1.5 and record["resumed_at_s"] >= 1.5 + 0.01
     assert f.fired()
     assert f.fire(2.0) is None
-    assert [r["fired_at_s"] for r in sd.fired_faults()] == [1.5]
+    assert [r["fired_at_s"] for r in emulation_faults.fired_faults()] == [1.5]
 
 
 _PAUSE_SCRIPT = """
-import importlib.util, json, sys, threading, time
-spec = importlib.util.spec_from_file_location("sd", sys.argv[1])
-sd = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sd)
+import importlib, json, sys, threading, time
+sd = importlib.import_module(sys.argv[1])  # the fault module alone: no TensorFlow
 fault = sd.Fault("pause", 0, 0.2, 1.0)
 t0 = time.monotonic()
 timer = threading.Timer(0.2, fault.fire, args=(0.2,))  # from another thread, as on a parameter server
@@ -99,8 +98,7 @@ def test_a_pause_stops_every_thread_of_the_process(tmp_path):
     # the fault fires in a timer thread; the main thread, busy in its loop, must also stand still for FOR_S
     script = tmp_path / "pause.py"
     script.write_text(_PAUSE_SCRIPT)
-    proc = launch(1, [str(script), os.path.join(os.path.dirname(sd.__file__), "slowdown.py")], launcher="single",
-                  timeout=60)
+    proc = launch(1, [str(script), "hetsync.emulation.faults"], launcher="single", timeout=60)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["main_thread_gap_s"] >= 1.0
     fault, = result["faults"]

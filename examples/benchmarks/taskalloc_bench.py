@@ -75,7 +75,7 @@ from tabulate import tabulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from hetsync import slowdown  # noqa: E402
+from hetsync import emulation as slowdown  # noqa: E402
 from hetsync.bench import efficiency, launch  # noqa: E402
 import hetsync.bench.efficiency
 import hetsync.protocols.taskalloc.protocol

@@ -9,7 +9,7 @@ What one checkpoint of one rank holds (``BACKUP_DIR/rank{r}/step-{k:012d}/``):
 * ``meta.json``: world size, rank, protocol name and configuration, the data position (epoch, step
   within the epoch, global step k, steps per epoch), the protocol's state
   (:meth:`hetsync.protocols.Protocol.state`: counters, EWMA windows, clocks, allocation, RNG
-  positions) and, if given, the :class:`hetsync.callbacks.core.SyncMetrics` totals.
+  positions) and, if given, the :class:`hetsync.callbacks.SyncMetrics` totals.
 
 Atomicity: a checkpoint is written into a hidden temporary folder, every file is fsynced, the folder
 is renamed to ``step-{k}`` with :func:`os.replace` and the parent folder fsynced; a folder named
@@ -42,7 +42,7 @@ resumes at the start of the saved epoch (``model._initial_epoch``), replaying th
 steps. This callback reuses that mechanism (``model._initial_epoch = epoch``) and skips the first
 ``step`` steps of the resumed epoch without running them or reading data: the model's
 ``train_function`` is wrapped for those calls (the other callbacks still see their batch
-indices; :class:`hetsync.callbacks.core.SyncMetrics` ignores them), and the data set
+indices; :class:`hetsync.callbacks.SyncMetrics` ignores them), and the data set
 (a :class:`hetsync.data.shards.BatchDataset`, item t = global step t) is shifted by k, so the first
 batch read is exactly global step k's batch of the uninterrupted run.
 
@@ -166,7 +166,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     Issue 15 ("Checkpoint and resume"); modelled on ``keras.callbacks.BackupAndRestore`` and using
     its resume mechanism (``model._initial_epoch``), plus a mid-epoch resume and per-rank state
     (see the module docstring for the layout, the consistent cut and the limits). Put it in the
-    callback list *before* ``hetsync.callbacks.core.standard(opt)``: it restores before the initial
+    callback list *before* ``hetsync.callbacks.standard(opt)``: it restores before the initial
     broadcast (which it then skips, so that per-rank replicas survive) and before the protocol
     starts. On a relaunch with a checkpoint for another world size, protocol or configuration it
     raises ValueError. When ``fit`` completes, the checkpoints are deleted
@@ -182,12 +182,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         dataset: the :class:`hetsync.data.shards.BatchDataset` passed to ``model.fit`` as ``x`` (what
             ``Protocol.fit_data`` / ``hetsync.data.shards.local_fit_data`` return under ``"x"``): a
             resume shifts it to the saved global step. Needed to resume (ValueError without it).
-        metrics: None or the run's :class:`hetsync.callbacks.core.SyncMetrics`: its totals (steps,
+        metrics: None or the run's :class:`hetsync.callbacks.SyncMetrics`: its totals (steps,
             samples, times) are saved and restored, so the resumed run's summary counts the whole run.
         keep: int >= 2, newest complete checkpoints kept per rank (the restore needs one that every
             rank holds; older ones that a slower rank may still need are kept too, see the module docstring).
         delete_checkpoint: bool, delete the checkpoints when ``fit`` completes on every rank (after
-            the protocol's stop and one allgather, run by :class:`hetsync.callbacks.core.ProtocolHooks`).
+            the protocol's stop and one allgather, run by :class:`hetsync.callbacks.ProtocolHooks`).
 
     Raises:
         ValueError: neither or a non-positive ``save_every_steps`` / ``save_every_s``, an empty
@@ -251,7 +251,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "_hetsync_broadcast_done", False):
-            raise ValueError("BackupAndRestore must come before hetsync.callbacks.core.standard(opt) in the callback "
+            raise ValueError("BackupAndRestore must come before hetsync.callbacks.standard(opt) in the callback "
                              "list (it restores before the initial broadcast and the protocol's start)")
         spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         if spe != 1:
@@ -406,7 +406,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.dataset.offset = 0
         # The checkpoints go only once every rank has finished: after the protocol's stop (its
         # final average under the asynchronous protocols) and one allgather, run by
-        # hetsync.callbacks.core.ProtocolHooks.on_train_end (which comes after this callback).
+        # hetsync.callbacks.ProtocolHooks.on_train_end (which comes after this callback).
         self.model._hetsync_after_train = list(getattr(self.model, "_hetsync_after_train", [])) + [self._finish]
 
     def _finish(self):

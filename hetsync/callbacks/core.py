@@ -3,7 +3,7 @@
 Typical use (two lines differ from a single-process script)::
 
     opt = hetsync.BSP(keras.optimizers.SGD(0.1))
-    model.fit(x, y, callbacks=hetsync.callbacks.core.standard(opt) + [...])
+    model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
 """
 import logging
 

@@ -2,7 +2,7 @@
 
 A protocol decides what happens to ``(grads, variables)`` on each step (:meth:`Protocol.apply`
 or the simpler :meth:`Protocol.transform`), may run a communication thread
-(:meth:`Protocol.start` / :meth:`Protocol.stop`, called by :class:`hetsync.callbacks.core.ProtocolHooks`)
+(:meth:`Protocol.start` / :meth:`Protocol.stop`, called by :class:`hetsync.callbacks.ProtocolHooks`)
 and reports statistics. Its parameters are one frozen dataclass (:attr:`Protocol.Config`, see
 :mod:`hetsync.core.config`). The Keras 3 optimizer wrapper that calls it lives in
 :mod:`hetsync.core.wrapper`.
@@ -98,7 +98,7 @@ class Protocol:
     step), plus :meth:`build`, :meth:`start`, :meth:`stop` and :meth:`callbacks` as needed.
 
     Per-step statistics are float64 scalar variables (:meth:`add_stat`) assigned inside the
-    compiled step and read by :class:`hetsync.callbacks.core.SyncMetrics`. Every protocol has:
+    compiled step and read by :class:`hetsync.callbacks.SyncMetrics`. Every protocol has:
 
     * ``delay_ms``: injected slowdown of this step in milliseconds;
     * ``compute_ms``: compute time of this step up to the gradients, in milliseconds;
@@ -227,7 +227,7 @@ class Protocol:
 
     #: True for protocols whose communication thread issues horovod collectives while training
     #: (RNA): other eager collectives during ``fit`` must then avoid horovod (see
-    #: :class:`hetsync.callbacks.core.MetricAverage`).
+    #: :class:`hetsync.callbacks.MetricAverage`).
     collectives_in_thread = False
 
     #: largest ``steps_per_execution`` of ``model.compile`` the protocol supports (int), or None for
@@ -244,7 +244,7 @@ class Protocol:
     def check_fit(self, model):
         """Check the model's training set-up against the protocol at train begin (before any step).
 
-        Called by :class:`hetsync.callbacks.core.ProtocolHooks`. Checks that the model trains with this
+        Called by :class:`hetsync.callbacks.ProtocolHooks`. Checks that the model trains with this
         protocol's optimizer (not a ``keras.optimizers.LossScaleOptimizer`` wrapped *around* it)
         and that ``steps_per_execution`` is at most :attr:`max_steps_per_execution`.
 
@@ -278,7 +278,7 @@ class Protocol:
         the trainable parameters, so every rank ends with the same full model (issue 15). Integer or
         boolean non-trainable variables (counters, seed-generator states) are not averaged: an
         average of them means nothing, and they are left as each rank has them. Called by
-        :meth:`check_fit` at train begin (so by :class:`hetsync.callbacks.core.ProtocolHooks`).
+        :meth:`check_fit` at train begin (so by :class:`hetsync.callbacks.ProtocolHooks`).
 
         Args:
             model: a ``keras.Model`` (its ``non_trainable_variables`` are read; the optimizer's own
@@ -458,7 +458,7 @@ class Protocol:
     def step_samples(self, batch):
         """Samples this rank trains on in step ``batch`` of the current epoch (int), or None if unknown.
 
-        Read by :class:`hetsync.callbacks.core.Slowdown` before the step starts, so that an emulated
+        Read by :class:`hetsync.callbacks.Slowdown` before the step starts, so that an emulated
         device (``device:MS``) charges MS x samples / :attr:`batch_size` milliseconds for it.
         Default: :attr:`batch_size` (every step a full batch). Protocols whose per-step sample
         count differs from b override this (task allocation: w_i micro-batches; SelSync with data

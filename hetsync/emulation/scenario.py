@@ -31,7 +31,7 @@ A scenario is a spec string, several joined with ``+``:
 Faults (issue 15) are checked at each train batch begin of the named rank (a parameter-server
 rank, which serves inside its train begin, arms a timer instead; ``stall`` cannot target it), fire
 once per process (not again in a later ``fit``), are recorded (:func:`fired_faults`, the
-``faults`` of :class:`hetsync.callbacks.core.SyncMetrics`' summary and step records) and take no part
+``faults`` of :class:`hetsync.callbacks.SyncMetrics`' summary and step records) and take no part
 in the per-step ``(factor, extra_ms)`` draws, so adding a fault leaves the seeded draws of the
 other parts unchanged. RANK is an int in [0, world size), AT_S >= 0 and FOR_S > 0 finite seconds;
 ``@RANKS`` does not apply to faults (they name their rank).
@@ -48,14 +48,14 @@ as on a cluster where each rank computes on its own accelerator while the host C
 communication. ``random``, ``deterministic``, ``speeds`` and ``uniform`` keep their meaning
 relative to the device time; ``netdelay`` still adds its latency to every synchronization. A step
 whose real compute exceeds its emulated time is not shortened: it is an *overrun*, counted per rank
-(:class:`hetsync.callbacks.core.SyncMetrics`); more than 1% overrun steps make the emulation invalid for
+(:class:`hetsync.callbacks.SyncMetrics`); more than 1% overrun steps make the emulation invalid for
 that run (a warning on rank 0; the benchmark marks the row). The emulation models per-rank devices
 and their speeds, not host-side compute outside the step, memory or network bandwidth.
 Draws are seeded per rank (``numpy.random.default_rng([seed, rank])``) and so reproducible.
 
 The process-wide control variables read by every wrapped optimizer live here, so the delay op is
 always part of the compiled step (with factor 1 and 0 ms it completes at once) and the
-:class:`hetsync.callbacks.core.Slowdown` callback only assigns them.
+:class:`hetsync.callbacks.Slowdown` callback only assigns them.
 """
 import dataclasses
 import logging

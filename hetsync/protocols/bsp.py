@@ -69,7 +69,7 @@ BSP = protocol_wrapper(BSPProtocol, """Wrap a Keras 3 optimizer for bulk-synchro
     Every step, each rank's gradients g_i (float tensors, one per trainable variable, any shape)
     are averaged over the n ranks in one fused horovod ``grouped_allreduce`` and the wrapped
     optimizer applies (1/n) sum_i g_i. Use with
-    :class:`hetsync.callbacks.core.BroadcastInitialVariables` so all ranks start equal; they then stay
+    :class:`hetsync.callbacks.BroadcastInitialVariables` so all ranks start equal; they then stay
     equal.
 
     Args:

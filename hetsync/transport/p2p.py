@@ -590,7 +590,7 @@ def _duplicate_world(timeout_s):
         if time.monotonic() > deadline:
             raise TransportTimeout(
                 f"rank {comm_world.Get_rank()}: timed out after {timeout_s:g} s creating the point-to-point dispatcher "
-                f"(a collective duplication of the world of {world.Get_size()} ranks): some rank did not call "
+                f"(a collective duplication of the world of {comm_world.Get_size()} ranks): some rank did not call "
                 "hetsync.transport.dispatcher() (dead, stalled or on another code path)")
         time.sleep(POLL_S * 10)
     return comm

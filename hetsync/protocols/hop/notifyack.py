@@ -119,7 +119,7 @@ NotifyAck = protocol_wrapper(NotifyAckProtocol, """Wrap a Keras 3 optimizer for 
     Each step computes and applies the local gradient, then sends the parameters to the
     out-neighbours once every out-neighbour acknowledged the previous ones, waits for all
     in-neighbours' parameters of the same iteration, takes the mean (eq. 1) and acknowledges them.
-    Needs an MPI launch and :func:`hetsync.callbacks.core.standard`. Parameters must be float32.
+    Needs an MPI launch and :func:`hetsync.callbacks.standard`. Parameters must be float32.
 
     Args:
         optimizer: a Keras 3 optimizer instance.

@@ -205,7 +205,7 @@ class HopProtocol(Protocol):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
         if not variables:
             raise RuntimeError("Hop: the optimizer is not built (no trainable variables) at train begin; use it "
-                               "through model.compile + model.fit with hetsync.callbacks.core.standard(opt)")
+                               "through model.compile + model.fit with hetsync.callbacks.standard(opt)")
         for v in variables:
             if v.dtype != "float32":
                 raise TypeError(f"Hop: updates are float32; variable {v.path} is {v.dtype}")
@@ -373,7 +373,7 @@ class HopProtocol(Protocol):
     def apply(self, grads, variables, local_apply):
         """Recv, Reduce, then Apply: x_{k+1} = temp + (the wrapped optimizer's step from the gradient at x_k)."""
         if self._queue is None:
-            raise RuntimeError("Hop: the step ran before train begin; pass hetsync.callbacks.core.standard(opt) to "
+            raise RuntimeError("Hop: the step ran before train begin; pass hetsync.callbacks.standard(opt) to "
                                "model.fit")
         k = self._k.read_value()
         with tf.control_dependencies([g for g in grads if g is not None]):
@@ -499,7 +499,7 @@ class HopProtocol(Protocol):
 class HopCallback(keras.callbacks.Callback):
     """Hop's bookkeeping between compiled steps: enter an iteration at batch begin, leave it at batch end.
 
-    Placed in :func:`hetsync.callbacks.core.standard` by the protocol. Stops training on this rank when its
+    Placed in :func:`hetsync.callbacks.standard` by the protocol. Stops training on this rank when its
     iterations are done (a skipping straggler runs fewer steps than the others).
 
     Args:
@@ -538,7 +538,7 @@ Hop = protocol_wrapper(HopProtocol, """Wrap a Keras 3 optimizer for Hop: decentr
     them with its own (eq. 1; eq. 2's iteration weights with staleness) and applies its gradient to
     the average. Token queues keep every rank within ``max_ig`` iterations of its out-neighbours; with
     ``skip`` a straggler jumps ahead. No collective runs during training (only at the end, for the
-    statistics and the final average). Needs an MPI launch and :func:`hetsync.callbacks.core.standard`.
+    statistics and the final average). Needs an MPI launch and :func:`hetsync.callbacks.standard`.
     Parameters must be float32. Statistics: ``hop_update_wait_ms``, ``hop_token_wait_ms``,
     ``hop_updates_reduced``, ``hop_iterations_skipped`` per step; the summary adds the iteration gap
     histogram, late updates dropped, sends suppressed and the staleness weights used.

@@ -87,7 +87,7 @@ class FedAvgProtocol(PeriodicAveragingProtocol):
     def should_sync(self, step):
         """True after the steps where floor(step s / S) increases (s = syncs_per_epoch, S = steps per epoch)."""
         check = tf.debugging.assert_positive(
-            self._steps_per_epoch, message="FedAvg: steps per epoch unknown; pass hetsync.callbacks.core.standard(opt) "
+            self._steps_per_epoch, message="FedAvg: steps per epoch unknown; pass hetsync.callbacks.standard(opt) "
                                            "to model.fit so FedAvg's callback can read them")
         with tf.control_dependencies([check]):
             spe = tf.cast(self._steps_per_epoch, tf.float64)

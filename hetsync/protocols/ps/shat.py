@@ -194,7 +194,7 @@ _COMMON = """
     -np 8`` with ``servers=2`` is 6 workers and 2 servers); the script is unchanged (train on
     ``opt.hetsync_protocol.fit_data(x, y, b)``, which shards over the workers; a server rank's ``fit``
     serves until every worker finished, then returns). Needs an MPI launch and
-    :func:`hetsync.callbacks.core.standard`. Parameters must be float32. Per-step statistics: ``ps_alpha``,
+    :func:`hetsync.callbacks.standard`. Parameters must be float32. Per-step statistics: ``ps_alpha``,
     ``ps_c`` (server 0's shard), ``ps_alpha_mean`` (over shards), ``ps_alpha_clips``, ``ps_wait_ms``;
     the summary adds pushes and pulls per server, the server queue wait (ms), alpha per worker and the
     counter conservation check.
@@ -234,5 +234,5 @@ Ensemble = protocol_wrapper(EnsembleProtocol, """Wrap a Keras 3 optimizer for EN
 
     Each worker trains on its own shard and never takes the global model (the pushes still reach the
     servers, whose w~ is reported). At the end each worker keeps its local model; with
-    :class:`hetsync.callbacks.core.TestAccuracy` rank 0 also reports the mean accuracy of the local models and
+    :class:`hetsync.callbacks.TestAccuracy` rank 0 also reports the mean accuracy of the local models and
     the accuracy of their averaged predictions (``final_evaluation``).""" + _COMMON)

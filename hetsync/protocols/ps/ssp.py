@@ -67,7 +67,7 @@ SSP = protocol_wrapper(SSPProtocol, """Wrap a Keras 3 optimizer for stale synchr
     iterations behind: a worker starts iteration c only when min clock >= c - s. The servers apply every
     gradient at once with the worker's learning rate (summed, not averaged: s = 0 equals BSP with n times
     the learning rate). Launch with K more ranks than workers (``servers=K``, the last K ranks serve); the
-    script is unchanged. Needs an MPI launch and :func:`hetsync.callbacks.core.standard`; float32 parameters.
+    script is unchanged. Needs an MPI launch and :func:`hetsync.callbacks.standard`; float32 parameters.
     The summary adds the gate's largest lead (<= s), replies held back and the lead histogram per server.
 
     Args:

@@ -7,7 +7,7 @@ same on every rank and changes no more than for the other protocols:
 * wrapping the optimizer sets the roles (:meth:`PSProtocol.server_count`, :func:`hetsync.world.set_servers`);
   ``opt.hetsync_protocol.fit_data`` (and :func:`hetsync.data.shards.local_fit_data`) shard the data over
   the workers only and give a server rank one batch;
-* at ``on_train_begin`` (:class:`PSCallback`, in :func:`hetsync.callbacks.core.standard`) every rank takes
+* at ``on_train_begin`` (:class:`PSCallback`, in :func:`hetsync.callbacks.standard`) every rank takes
   rank 0's initial weights (one broadcast) and plans the shards (:func:`hetsync.protocols.ps.server.plan_shards`).
   A **server rank then serves inside its** ``fit``: the callback runs the server loop
   (:class:`hetsync.protocols.ps.server.ParameterServer`) until every worker said it is done, and sets
@@ -24,7 +24,7 @@ same on every rank and changes no more than for the other protocols:
 So after ``fit`` every rank, servers included, continues the script (collectives such as
 ``SyncMetrics``' gather work as usual). A collective in a user callback's ``on_train_begin`` placed
 after the standard callbacks would wait for the servers, which are serving: keep collectives out of
-``on_train_begin`` or put such callbacks before :func:`hetsync.callbacks.core.standard`.
+``on_train_begin`` or put such callbacks before :func:`hetsync.callbacks.standard`.
 """
 import dataclasses
 import time
@@ -129,7 +129,7 @@ class PSProtocol(Protocol):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
         if not variables:
             raise RuntimeError(f"{self.display_name}: the optimizer is not built (no trainable variables) at train "
-                               "begin; use it through model.compile + model.fit with hetsync.callbacks.core.standard(opt)")
+                               "begin; use it through model.compile + model.fit with hetsync.callbacks.standard(opt)")
         for v in variables:
             if v.dtype != "float32":
                 raise TypeError(f"{self.display_name}: the servers hold float32 parameters; variable {v.path} is "
@@ -194,7 +194,7 @@ class PSProtocol(Protocol):
             return tf.no_op()
         if not self._began:
             raise RuntimeError(f"{self.display_name}: the step ran before train begin; pass "
-                               "hetsync.callbacks.core.standard(opt) to model.fit")
+                               "hetsync.callbacks.standard(opt) to model.fit")
         flat = tf.concat([tf.reshape(tf.zeros_like(v.value) if g is None else tf.convert_to_tensor(g), [-1])
                           for g, v in zip(grads, variables)], axis=0)
         ops = [self._grad.assign(tf.cast(flat, tf.float32)),
@@ -382,7 +382,7 @@ class PSProtocol(Protocol):
 
 
 class PSCallback(keras.callbacks.Callback):
-    """A parameter-server protocol between compiled steps (placed by :func:`hetsync.callbacks.core.standard`).
+    """A parameter-server protocol between compiled steps (placed by :func:`hetsync.callbacks.standard`).
 
     ``on_train_begin``: builds the optimizer if needed and calls :meth:`PSProtocol.begin` (on a server rank
     this serves until every worker finished, then stops training). ``on_train_batch_end`` on a worker:

@@ -197,7 +197,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
         if not variables:
             raise RuntimeError("HierarchicalRNA: the optimizer is not built (no trainable variables) at train begin; "
-                               "use it through model.compile + model.fit with hetsync.callbacks.core.standard(opt)")
+                               "use it through model.compile + model.fit with hetsync.callbacks.standard(opt)")
         sizes = [int(np.prod(v.shape)) for v in variables]
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._var_ranges = [(int(offsets[i]), int(offsets[i + 1])) for i in range(len(sizes))]
@@ -632,7 +632,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
 
 
 class RNAHCallback(keras.callbacks.Callback):
-    """Hierarchical RNA between compiled steps (placed by :func:`hetsync.callbacks.core.standard`).
+    """Hierarchical RNA between compiled steps (placed by :func:`hetsync.callbacks.standard`).
 
     ``on_train_begin``: a server rank serves until every worker is done, then stops its ``fit`` (one more step
     changes nothing). On a worker with ``groups="auto"`` before the groups are formed: the wall time of steps
@@ -685,7 +685,7 @@ HierarchicalRNA = protocol_wrapper(HierarchicalRNAProtocol, """Wrap a Keras 3 op
     max - min exceeds the mean; times [1, 3, 9, 27] give {0, 1}, {2}, {3}); explicit groups are lists of worker
     ranks. One group is flat RNA (the server is not used). Launch with ``servers`` more ranks than workers;
     the script is unchanged (train on ``opt.hetsync_protocol.fit_data(x, y, b)``, which shards over the
-    workers). Needs an MPI launch and :func:`hetsync.callbacks.core.standard`; float32 parameters. Per-step
+    workers). Needs an MPI launch and :func:`hetsync.callbacks.standard`; float32 parameters. Per-step
     statistics: flat RNA's plus ``rnah_group`` (this rank's group), ``rnah_groups``, ``rnah_ps_syncs``
     (overwrites so far) and ``rnah_regroups``; the summary adds the groups and their changes.
 

@@ -245,7 +245,7 @@ class RNAProtocol(Protocol):
         """WriteOp, ReadOp, then the update (the wrapped optimizer's step with the read gradients, and
         a pending parameter correction) inside the critical section shared with the snapshot."""
         if self._cache is None:
-            raise RuntimeError("RNA: the step ran before train begin; pass hetsync.callbacks.core.standard(opt) "
+            raise RuntimeError("RNA: the step ran before train begin; pass hetsync.callbacks.standard(opt) "
                                "to model.fit")
         if [tuple(v.shape) for v in variables] != self._shapes:
             raise RuntimeError("RNA: the step's variables do not match the optimizer's trainable variables")
@@ -436,7 +436,7 @@ RNA = protocol_wrapper(RNAProtocol, """Wrap a Keras 3 optimizer for RNA: randomi
     communication thread per rank runs the rounds: power-of-``probes`` choices of the initiator by
     the controller on rank 0, then one fused allreduce of ``[w_i g'_i, w_i]`` over all ranks,
     divided by sum(w) (Algorithm 2). Needs an MPI launch (``horovodrun --mpi`` / ``mpirun``) and
-    :func:`hetsync.callbacks.core.standard` (which starts and stops the thread). Gradients must be float32.
+    :func:`hetsync.callbacks.standard` (which starts and stops the thread). Gradients must be float32.
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.

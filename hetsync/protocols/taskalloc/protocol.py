@@ -360,7 +360,7 @@ class TaskAllocationProtocol(Protocol):
 
         This is what the emulated device (a scenario ``device:MS``, which charges MS milliseconds
         per :attr:`batch_size` samples) uses to cost the step, read by
-        :class:`hetsync.callbacks.core.Slowdown` before the step starts; the protocol's own callback
+        :class:`hetsync.callbacks.Slowdown` before the step starts; the protocol's own callback
         feeds it to the compiled step as m_i.
 
         Args:
@@ -545,7 +545,7 @@ class TaskAllocationProtocol(Protocol):
         total = reduced[-1][0]
         check = tf.debugging.assert_positive(
             total, message="TaskAllocation: no samples in this round; train on opt.hetsync_protocol.fit_data(...) "
-                           "with hetsync.callbacks.core.standard(opt)")
+                           "with hetsync.callbacks.standard(opt)")
         with tf.control_dependencies([check] if check is not None else []):
             total = tf.identity(total)
         out = scatter_gradients(grads, present, [g / tf.cast(total, g.dtype) for g in reduced[:-1]])
@@ -674,7 +674,7 @@ TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 opti
     ``micro_batch`` and ``global_batch``).
 
     Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
-    hetsync.callbacks.core.standard(opt))`` (the protocol's callback is part of ``standard``).
+    hetsync.callbacks.standard(opt))`` (the protocol's callback is part of ``standard``).
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
