@@ -299,7 +299,7 @@ def grad_cache_destroy(cache):
 
 # --- Hop update queue and token queue (ops HetsyncHop*, kernels in tf_ops/hop_queue_kernels.cc) ----------------
 #
-# Hop paper sections 4.1, 4.2, 6.1 (spec /work/shared/specs/hop.md sections 2, 3, 11). Both queues are host-side
+# Hop paper sections 4.1, 4.2, 6.1 (design notes: docs/protocols/hop.md). Both queues are host-side
 # resources (CPU kernels only). Each ``*_create`` call makes a new, uniquely named resource (it runs eagerly, in
 # ``tf.init_scope``; the handle can be captured by or passed to a ``tf.function``); ``*_destroy`` deletes it.
 # Blocking ops (dequeue, dequeue_newest, token take) are ``AsyncOpKernel``s: while they wait they hold no

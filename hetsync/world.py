@@ -82,7 +82,7 @@ def init(collective_timeout_s=None):
                 raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
                                    "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
             hvd.init(comm=world)
-            # a rank stopped by a non-finite value ends the job (exit status non-zero), issue 15
+            # a rank stopped by a non-finite value ends the job (exit status non-zero)
             _abort_job_on(NONFINITE_MARK)
         else:
             hvd.init()

@@ -1,4 +1,4 @@
-"""hetsync's benchmark suite: protocols side by side, against BSP and the physical limit (GUIDE section 3).
+"""hetsync's benchmark suite: protocols side by side, against BSP and the physical limit.
 
 ``python -m hetsync.bench`` (console script ``hetsync-bench``) runs a matrix of protocols x
 (data set, scenario) cells x seeds, each run a real ``horovodrun --mpi`` launch of

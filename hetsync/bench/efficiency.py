@@ -1,4 +1,4 @@
-"""Heterogeneity efficiency E and the solo speeds it is measured against (GUIDE section 3).
+"""Heterogeneity efficiency E and the solo speeds it is measured against.
 
 E = measured samples/s of the whole job / sum over ranks i of v_i, where v_i is rank i's samples/s
 when it trains *alone* under the same scenario (no synchronization, nobody to wait for). E = 1 is
@@ -190,7 +190,7 @@ def window_rates(ranks, where=""):
 
 
 def efficiency(measured_samples_per_s, solo_samples_per_s):
-    """Heterogeneity efficiency E = measured / sum_i v_i (GUIDE section 3).
+    """Heterogeneity efficiency E = measured / sum_i v_i.
 
     Args:
         measured_samples_per_s: float > 0, the job's throughput (samples/s summed over ranks).

@@ -1,6 +1,6 @@
 """The benchmark matrix: protocols x scenarios x seeds, each a real ``horovodrun --mpi`` launch.
 
-Runs are *interleaved* (GUIDE section 3): for every seed, for every (ranks, data set, scenario) cell,
+Runs are *interleaved*: for every seed, for every (ranks, data set, scenario) cell,
 every protocol of the cell runs once, in an order rotated from cell to cell, so slow spells of this
 shared machine hit all protocols alike. Before a cell's first runs, the solo speeds of its scenario
 are measured (:func:`hetsync.bench.efficiency.measure_solo`). Every figure is then put against BSP's
@@ -202,7 +202,7 @@ class Preset:
 # The report (``make bench``): the emulated cluster (device:40, 40 ms per 32-sample step) in every cell
 # but the real-CPU ones, which run 2 ranks so each rank has a core of its own. The headline cells
 # (RNA's random:6 on MNIST with 4 and 8 ranks) get 3 seeds for the median and range; the others one.
-# Each scenario of GUIDE section 2 appears, plus the no-heterogeneity cell (time per step against
+# Each scenario of the papers appears, plus the no-heterogeneity cell (time per step against
 # BSP's) and netdelay:50 (SelSync's slow network). Task allocation's own comparison against equal
 # allocation lives in examples/benchmarks/taskalloc_bench.py.
 _FULL_CELLS = (

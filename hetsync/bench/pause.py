@@ -1,4 +1,4 @@
-"""Pause benchmark (issue 15): what a rank paused for FOR_S seconds adds to a job, per protocol.
+"""Pause benchmark: what a rank paused for FOR_S seconds adds to a job, per protocol.
 
 ``python -m hetsync.bench.pause`` runs, side by side in one invocation, 4-rank jobs of
 ``examples/keras_digits.py`` on the emulated cluster (``device:MS``: every step padded to MS

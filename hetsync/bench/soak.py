@@ -1,4 +1,4 @@
-"""Soak test: many randomized short runs, reporting hangs, errors and lost samples (issue 15, "No hang").
+"""Soak test: many randomized short runs, reporting hangs, errors and lost samples.
 
 ``python -m hetsync.bench.soak --runs 50 --seed 0 --out runs/soak [--timeout-s 240] [--ranks 2,3,4]``
 

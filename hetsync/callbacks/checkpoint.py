@@ -1,4 +1,4 @@
-"""Checkpoint and resume (issue 15, "Faults"): a Keras callback that saves every rank's full training
+"""Checkpoint and resume: a Keras callback that saves every rank's full training
 state atomically every N steps and/or S seconds, and resumes a relaunch of the same command from it.
 
 What one checkpoint of one rank holds (``BACKUP_DIR/rank{r}/step-{k:012d}/``):

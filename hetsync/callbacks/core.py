@@ -67,7 +67,7 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
 class ProtocolHooks(keras.callbacks.Callback):
     """Start and stop a protocol's communication thread around ``model.fit``.
 
-    Also stops training on a non-finite loss (issue 15): after a step whose ``loss`` log is NaN or
+    Also stops training on a non-finite loss: after a step whose ``loss`` log is NaN or
     inf it raises :class:`hetsync.core.protocol.NonFiniteError` naming the rank and the step (the
     loss of a step is Keras' running mean, so a non-finite one stays non-finite for the epoch).
 
@@ -87,7 +87,7 @@ class ProtocolHooks(keras.callbacks.Callback):
         self.protocol.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        """Stop on a non-finite loss (issue 15; a non-finite gradient already stopped the step)."""
+        """Stop on a non-finite loss (a non-finite gradient already stopped the step)."""
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(float(loss)):
             from hetsync.core.protocol import NONFINITE_MARK, NonFiniteError

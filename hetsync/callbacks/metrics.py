@@ -72,7 +72,7 @@ class SyncMetrics(keras.callbacks.Callback):
         return {"totals": dict(self._totals), "step": self._step, "wall_s": time.time() - self._t0}
 
     def resume_from(self, state, epoch, step_in_epoch):
-        """Continue a checkpointed run (issue 15): at the next ``on_train_begin`` start from ``state``
+        """Continue a checkpointed run: at the next ``on_train_begin`` start from ``state``
         (:meth:`state`), keep this rank's step records of the steps before it (later ones, run
         after the checkpoint by the killed run, are dropped from ``rank{r}.jsonl``) and ignore the
         batch indices below ``step_in_epoch`` of ``epoch`` (steps the resumed fit skips).

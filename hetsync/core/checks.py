@@ -77,7 +77,7 @@ def check_number(owner, label, value, none=None, allow_inf=False, **meta):
     Raises:
         ValueError: as :func:`check_int`.
     """
-    try:  # float() of an int beyond the float range overflows (issue 15: found by the property tests)
+    try:  # float() of an int beyond the float range overflows (found by the property tests)
         x = None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
     except (OverflowError, ValueError, TypeError):
         x = None

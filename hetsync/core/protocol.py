@@ -15,7 +15,7 @@ Shared mechanisms (here, not in a sibling protocol):
   run by :meth:`Protocol.stop` for every protocol whose config has ``average_at_end=True``) and
   the drift measure (:meth:`Protocol.parameter_drift`; RNA, end-of-training);
 * the semi-synchronous step statistics (:meth:`Protocol.add_sync_stats`, :meth:`Protocol.record_step`);
-* the non-finite guard (issue 15): every step's gradients are checked before anything leaves the
+* the non-finite guard: every step's gradients are checked before anything leaves the
   rank (:meth:`Protocol._guard_gradients`, per-rank flags in the collectives with
   :meth:`Protocol.nonfinite_flags` / :meth:`Protocol.check_nonfinite_flags`, eager senders with
   :meth:`Protocol.check_finite_arrays`), and the model's non-trainable float state is averaged with
@@ -112,7 +112,7 @@ class Protocol:
     * ``nonfinite_dropped``: cumulative number of non-finite gradient sets or parameter sets this
       rank held back instead of sending (each one then stops training, see :meth:`_guard_gradients`).
 
-    Non-finite guard (issue 15): every step checks its gradients before anything leaves the rank.
+    Non-finite guard: every step checks its gradients before anything leaves the rank.
     A non-finite gradient (NaN or inf, also from a non-finite loss) is never sent: it is counted
     in ``nonfinite_dropped`` and training stops with an error naming the rank, the step
     (the optimizer's ``iterations`` before the step) and the protocol. Protocols with
@@ -275,7 +275,7 @@ class Protocol:
 
         These are the layers' state that no gradient updates, e.g. BatchNormalization's moving mean
         and variance; :meth:`average_parameters` and :meth:`average_at_train_end` average them with
-        the trainable parameters, so every rank ends with the same full model (issue 15). Integer or
+        the trainable parameters, so every rank ends with the same full model. Integer or
         boolean non-trainable variables (counters, seed-generator states) are not averaged: an
         average of them means nothing, and they are left as each rank has them. Called by
         :meth:`check_fit` at train begin (so by :class:`hetsync.callbacks.ProtocolHooks`).
@@ -337,7 +337,7 @@ class Protocol:
             raise ValueError(f"{self.name}: batch_size must be an int >= 1 (samples per rank per step), "
                              f"got {batch_size!r}")
         self.check_roles()
-        use_pool = getattr(self.cfg, "data_plan", "shard") == "pool"  # work conservation (issue 15): hetsync.data.pool
+        use_pool = getattr(self.cfg, "data_plan", "shard") == "pool"  # work conservation: hetsync.data.pool
         if use_pool:
             world.require_mpi(f"{self.display_name} with data_plan='pool' (the sample pool; pass "
                                 "data_plan='shard' for fixed per-rank shares under Gloo)")
@@ -524,7 +524,7 @@ class Protocol:
         (netdelay latency, ``sync_wait_ms``, ``syncs``). Usable inside the compiled step.
 
         The model's non-trainable float state (:attr:`state_variables`, e.g. BatchNormalization's
-        moving statistics) is averaged with ``variables`` in the same collective (issue 15).
+        moving statistics) is averaged with ``variables`` in the same collective.
         Non-finite guard: a rank whose values are not all finite (or whose step's gradients were
         not, :meth:`_guard_gradients`) sends zeros in their place and sets its flag in a [N]
         float32 vector carried by the same collective; if any flag is set, every rank raises
@@ -653,7 +653,7 @@ class Protocol:
         every rank when the config has ``average_at_end=True`` (RNA, SelSync, local SGD, FedAvg,
         Hop, NOTIFY-ACK); not counted as a step (LSSR is unchanged) nor delayed by ``netdelay``.
         The model's non-trainable float state (:attr:`state_variables`, BatchNormalization's moving
-        statistics) is averaged in the same collective (issue 15). Records ``final_average`` and
+        statistics) is averaged in the same collective. Records ``final_average`` and
         ``drift_before_final_average`` (:meth:`parameter_drift` of the trainable parameters before
         the average; 0.0 if the ranks were equal) for :meth:`summary_stats`.
 
@@ -765,7 +765,7 @@ class Protocol:
 
     def with_pool_stats(self, out):
         """Return ``out`` (dict) with ``out["pool"]`` set to :func:`hetsync.data.pool.summary` when this rank
-        used the sample pool (``data_plan="pool"``; issue 15); ``out`` unchanged otherwise. For
+        used the sample pool (``data_plan="pool"``); ``out`` unchanged otherwise. For
         ``summary_stats`` overrides that build their own dict."""
         if getattr(self, "pool", None) is not None:
             from hetsync.data import pool as pool
@@ -814,7 +814,7 @@ class Protocol:
             (self._step_index(), tf.cast(self._stats["nonfinite_dropped"].read_value(), tf.int64)))
 
     def _guard_gradients(self, grads):
-        """The non-finite guard of the compiled step (issue 15), before :meth:`apply` sends anything.
+        """The non-finite guard of the compiled step, before :meth:`apply` sends anything.
 
         Not under dynamic loss scaling (the wrapped optimizer is a ``keras.optimizers.LossScaleOptimizer``):
         there an overflowing step is expected, skipped and the scale halved, so the gradients go on
@@ -854,9 +854,9 @@ class Protocol:
         with tf.control_dependencies([check]):
             return scatter_gradients(grads, present, [tf.identity(g) for g in dense])
 
-    # -- checkpoint and resume (issue 15) ---------------------------------------------------------
+    # -- checkpoint and resume ---------------------------------------------------------
     def state(self):
-        """Return the protocol's resumable state as a JSON-serialisable dict (issue 15, checkpoints).
+        """Return the protocol's resumable state as a JSON-serialisable dict (checkpoints).
 
         Default: every statistic variable (:meth:`add_stat`: counters such as ``syncs``,
         ``sync_steps``, ``lssr``, ``bytes_sent``, ``overruns``) and every ``tf.Variable`` attribute

@@ -2,7 +2,7 @@
 
 :func:`wrap` turns a user's Keras 3 optimizer into a protocol-aware one by subclassing its class
 and overriding ``apply(grads, trainable_variables)``, the hook Keras 3 calls inside the compiled
-``model.fit`` step (GUIDE section 1; horovod's own Keras layer is not used: on Keras 3 it averages
+``model.fit`` step (horovod's own Keras layer is not used: on Keras 3 it averages
 nothing). The subclass is named for the protocol and the optimizer (``RNA_SGD``, ``BSP_Adam``)
 and is registered with Keras serialization as ``hetsync>RNA`` (one name per protocol): its
 ``get_config`` adds the protocol's name and configuration, so a saved model reloaded with

@@ -3,7 +3,7 @@
 * ``digits``: scikit-learn's real handwritten digits (1,797 images of 8 x 8, 10 classes), shipped
   with scikit-learn, so it works offline.
 * ``mnist-idx``: any MNIST-format IDX pair (``*-images-idx3-ubyte[.gz]`` and
-  ``*-labels-idx1-ubyte[.gz]``) in a folder, e.g. ``../shared/data/mnist-t10k``.
+  ``*-labels-idx1-ubyte[.gz]``) in a folder, e.g. the MNIST test set (``t10k-images-idx3-ubyte.gz``, ``t10k-labels-idx1-ubyte.gz``).
 
 Both give float32 images scaled to [0, 1] with a channel axis ([N, H, W, 1]) and int64 labels,
 split into train and test with a stratified, seeded split; :func:`shard` gives each rank a
@@ -153,7 +153,7 @@ def load(name="digits", data_dir=None, test_fraction=0.2, seed=0):
     else:
         if not data_dir:
             raise ValueError("dataset 'mnist-idx' needs data_dir, the folder with the IDX files "
-                             "(for example ../shared/data/mnist-t10k)")
+                             "(for example the folder holding t10k-images-idx3-ubyte.gz)")
         x, y = load_idx_folder(data_dir)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     return Dataset(name, x_tr, y_tr, x_te, y_te, int(y.max()) + 1)

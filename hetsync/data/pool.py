@@ -1,4 +1,4 @@
-"""Work conservation: an epoch is a pool of training samples that ranks draw batches from (issue 15).
+"""Work conservation: an epoch is a pool of training samples that ranks draw batches from.
 
 For the protocols whose ranks do not step together (RNA today; see the README's "Work conservation
 (sample pool)"), a fixed share per rank makes every rank wait for the slowest one's share. With the

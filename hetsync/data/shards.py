@@ -267,7 +267,7 @@ class BatchDataset(keras.utils.PyDataset):
     def __init__(self, x, y, sampler):
         super().__init__()
         self.x, self.y, self.sampler = x, y, sampler
-        #: int >= 0, global steps already trained before this fit (issue 15, resume).
+        #: int >= 0, global steps already trained before this fit (resume).
         self.offset = 0
 
     @property

@@ -23,7 +23,7 @@ log = logging.getLogger("hetsync")
 
 
 class Slowdown(keras.callbacks.Callback):
-    """Inject a straggler scenario into every training step (GUIDE section 2), optionally on an
+    """Inject a straggler scenario into every training step, optionally on an
     emulated device (``device:MS``).
 
     Each step it draws this rank's ``(factor K, extra_ms)`` from the seeded scenario and stamps
@@ -36,7 +36,7 @@ class Slowdown(keras.callbacks.Callback):
     step of each ``fit`` (tracing and compilation) is neither slowed nor padded. ``netdelay:MS``
     sets :func:`hetsync.emulation.scenario.sync_control` so every synchronization pays MS milliseconds.
 
-    Faults (``pause``, ``stall``, ``kill``; issue 15) hitting this rank are checked at each train batch
+    Faults (``pause``, ``stall``, ``kill``) hitting this rank are checked at each train batch
     begin, before the step is stamped, against the seconds since this ``fit``'s train begin, and fire
     once per process (:meth:`hetsync.emulation.scenario.Fault.fire`, recorded in :attr:`faults`). A
     parameter-server rank serves inside its train begin, so there ``pause`` and ``kill`` are armed on

@@ -58,7 +58,7 @@ _fired_keys = set()
 
 
 def fired_faults():
-    """The faults fired in this process so far (issue 15).
+    """The faults fired in this process so far.
 
     Returns:
         list of dicts ``{"kind", "rank", "at_s", "for_s", "fired_at_s", "resumed_at_s"}`` (seconds;
@@ -71,7 +71,7 @@ def fired_faults():
 
 @dataclasses.dataclass(frozen=True)
 class Fault(Component):
-    """A fault (issue 15): ``pause:RANK:AT_S:FOR_S``, ``stall:RANK:AT_S:FOR_S`` or ``kill:RANK:AT_S``.
+    """A fault: ``pause:RANK:AT_S:FOR_S``, ``stall:RANK:AT_S:FOR_S`` or ``kill:RANK:AT_S``.
 
     ``pause`` stops the whole process (SIGSTOP: all threads, the point-to-point receiver and protocol
     threads too) for ``for_s`` seconds; a detached watcher process sends SIGCONT. ``stall`` sleeps the

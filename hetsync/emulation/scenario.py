@@ -1,4 +1,4 @@
-"""Heterogeneity injection: the papers' straggler scenarios (GUIDE section 2).
+"""Heterogeneity injection: the papers' straggler scenarios.
 
 A scenario is a spec string, several joined with ``+``:
 
@@ -28,7 +28,7 @@ A scenario is a spec string, several joined with ``+``:
                            train begin: a dead peer
 =========================  ==========================================================================
 
-Faults (issue 15) are checked at each train batch begin of the named rank (a parameter-server
+Faults are checked at each train batch begin of the named rank (a parameter-server
 rank, which serves inside its train begin, arms a timer instead; ``stall`` cannot target it), fire
 once per process (not again in a later ``fit``), are recorded (:func:`fired_faults`, the
 ``faults`` of :class:`hetsync.callbacks.SyncMetrics`' summary and step records) and take no part

@@ -34,7 +34,7 @@ class BSPProtocol(Protocol):
     display_name = "BSP"
     Config = BSPConfig
 
-    #: the gradient allreduce carries every rank's non-finite flag (issue 15): all ranks stop together.
+    #: the gradient allreduce carries every rank's non-finite flag: all ranks stop together.
     nonfinite_in_collective = True
 
     def transform(self, grads, variables):
@@ -54,7 +54,7 @@ class BSPProtocol(Protocol):
         """End of training: average the model's non-trainable float state (BatchNormalization's
         moving statistics, which every rank updates from its own batches) once over the ranks, so
         every rank ends with the same full model; the trainable parameters are identical already
-        and are left untouched (issue 15).
+        and are left untouched.
 
         Raises:
             hetsync.core.protocol.NonFiniteError: some rank's state is not finite (on every rank).

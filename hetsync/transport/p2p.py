@@ -2,7 +2,7 @@
 
 RNA's controller traffic and SelSync's data injection use it today; Hop's update and token queues
 and the parameter servers will add most of hetsync's point-to-point traffic. Everything goes
-through one :class:`Dispatcher` per process (GUIDE section 1: mpi4py with ``MPI_THREAD_MULTIPLE``
+through one :class:`Dispatcher` per process (mpi4py with ``MPI_THREAD_MULTIPLE``
 shares the MPI world with horovod; a background thread may send and receive on a duplicated
 communicator while the main thread trains with horovod's collectives):
 
@@ -547,7 +547,7 @@ def dispatcher(timeout_s=None):
     it (protocols call it on every rank in ``start`` or ``fit_data``). The duplication is a
     non-blocking ``MPI_Comm_idup`` polled every :data:`POLL_S` x 10 seconds, so a rank that never
     makes the call (dead, stalled, or on another code path) fails the others with a clear error
-    instead of a silent hang (issue 15); a call that timed out leaves its duplication pending and
+    instead of a silent hang; a call that timed out leaves its duplication pending and
     the next call waits for that same one. Works under a world of one rank (messages to oneself).
 
     Args:

@@ -1,7 +1,7 @@
 """Hop's communication graphs: the named families, a user's edge list, the mixing matrix and the spectral gap.
 
 Luo et al., "Hop: Heterogeneity-aware decentralized training" (ASPLOS '19), section 3.1, Figure 11,
-Figure 21 and footnote 2; ``../shared/specs/hop.md`` section 8 re-derives the figures.
+Figure 21 and footnote 2; ``docs/protocols/hop.md`` re-derives the figures.
 
 * A graph is directed: edge (i, j) means that i sends its updates to j. N_in(i) = {j | (j, i) in E},
   N_out(i) = {j | (i, j) in E}. **Every node has a self-loop** (i is in N_in(i) and N_out(i)): a
@@ -163,7 +163,7 @@ _EDGE = re.compile(r"^\s*(\d+)\s*([->])\s*(\d+)\s*$")
 
 
 def check_syntax(spec):
-    """Check a graph spec's form without the world size (configuration time, issue 15): a known name,
+    """Check a graph spec's form without the world size (configuration time): a known name,
     ``gateway:``/``chain:`` with positive integer machine sizes, or ``edges:`` whose edges look like ``0-1``
     or ``0>1`` and are no self-loops. :func:`build` checks the rest against the world size.
 

@@ -2,7 +2,7 @@
 
 The serial approach of Figure 2(a): Compute -> Apply -> Send -> Recv -> Reduce. After its Reduce of
 iteration k a worker sends ACK(k) to every in-neighbour; a worker does not Send(k) before it holds
-ACK(k-1) from every out-neighbour. ``../shared/specs/hop.md`` section 7: an ACK is a token released
+ACK(k-1) from every out-neighbour. ``docs/protocols/hop.md``: an ACK is a token released
 at the end of the receiver's Reduce, so NOTIFY-ACK is token queues with one initial token (ACK(-1))
 and early release; the gap bounds are -2 <= Iter(u) - Iter(v) <= 1 for v in N_in(u) (Table 1).
 
@@ -87,7 +87,7 @@ class NotifyAckProtocol(HopProtocol):
                                f"{self.cfg.timeout_s:g} s") from None
         t1 = time.perf_counter()
         arrays = [v.numpy() for v in self._vars]
-        self.check_finite_arrays(arrays, "parameters", k)  # issue 15: never sent
+        self.check_finite_arrays(arrays, "parameters", k)  # never sent
         for j in self.out_neighbours:
             self._p2p.send(j, UPDATE, arrays, tag=k)
             self._local["sends"] += 1

@@ -1,7 +1,7 @@
 """Hop: decentralized training over a graph, with compiled update and token queues.
 
 Luo, Lin, Zhuo, Qian, "Hop: Heterogeneity-aware Decentralized Training" (ASPLOS '19), sections
-3-6; ``../shared/specs/hop.md`` re-derives the garbled equations and resolves the open points. This
+3-6; ``docs/protocols/hop.md`` re-derives the garbled equations and resolves the open points. This
 module holds the update rule and the iteration bookkeeping; the graphs are in
 :mod:`hetsync.protocols.hop.graph`, the queues are compiled ops (:func:`hetsync.ops.hop_update_queue_create`,
 :func:`hetsync.ops.hop_token_queue_create`), the messages go through the point-to-point layer
@@ -287,7 +287,7 @@ class HopProtocol(Protocol):
         for j in self.in_neighbours:
             self._p2p.send(j, TOKEN, (self._pending_tokens, k))
         arrays = [v.numpy() for v in self._vars]
-        self.check_finite_arrays(arrays, "parameters", k)  # issue 15: never sent
+        self.check_finite_arrays(arrays, "parameters", k)  # never sent
         newest = ops.hop_token_size(self._tokens)[1].numpy() if self._tokens is not None else []
         # Section 6.2(b): no update to a receiver that can no longer use it, one already past iteration k
         # (backup workers), or past k + s (staleness s: it takes updates of iterations >= its own - s).

@@ -40,7 +40,7 @@ class FedAvgConfig(ProtocolConfig):
                "(:meth:`hetsync.core.protocol.Protocol.average_at_train_end`). Off by default: with an integer "
                "``syncs_per_epoch`` the last step already averages and every rank adopts the average.")
     data_plan: typing.Literal["pool", "shard"] = param(
-        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
                 "once per epoch; the aggregations are scheduled by the pool's global progress, "
                 ":mod:`hetsync.protocols.local.periodic`) or ``\"shard\"`` (a fixed equal share per rank).")

@@ -29,7 +29,7 @@ class LocalSGDConfig(ProtocolConfig):
               "(:meth:`hetsync.core.protocol.Protocol.average_at_train_end`), so every rank holds the same final "
               "model even if the last step was local.")
     data_plan: typing.Literal["pool", "shard"] = param(
-        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
                 "once per epoch; the epoch's floor(B / (H n)) averaging rounds (B = N // b batches, n ranks) are "
                 "scheduled by the pool's global progress, :mod:`hetsync.protocols.local.periodic`) or ``\"shard\"`` (a "

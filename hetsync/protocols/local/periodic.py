@@ -7,7 +7,7 @@ are averaged over the ranks (parameter aggregation, section III-C) with
 network. Subclasses give the schedule (:meth:`PeriodicAveragingProtocol.should_sync`) and, for a
 random subset of ranks, the participation weight (:meth:`PeriodicAveragingProtocol.participation`).
 
-On the sample pool (``data_plan="pool"``, issue 15) ranks run different numbers of steps, but the
+On the sample pool (``data_plan="pool"``) ranks run different numbers of steps, but the
 average is a horovod collective that every rank must join equally often. The rounds are then
 scheduled by the pool's *global* progress instead of the local step count: epoch e has
 R_e = :meth:`PeriodicAveragingProtocol.pool_rounds` rounds; round k (1..R_e) is due once k B / R_e

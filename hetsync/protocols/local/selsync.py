@@ -95,7 +95,7 @@ class SelSyncConfig(ProtocolConfig):
 class SelSyncProtocol(Protocol):
     """Selective synchronization (see :func:`SelSync`)."""
 
-    #: the per-step flag exchange carries the non-finite flags (issue 15).
+    #: the per-step flag exchange carries the non-finite flags.
     nonfinite_in_collective = True
 
     name = "selsync"
@@ -281,7 +281,7 @@ class SelSyncProtocol(Protocol):
         st = self._stats
         d, e, sq, first = self.relative_change(grads)
         flag = tf.logical_or(first, d >= self.cfg.delta)
-        # The flag exchange also carries the [N] non-finite flags (issue 15): every rank stops here,
+        # The flag exchange also carries the [N] non-finite flags: every rank stops here,
         # in the same step, if any rank's gradients were not finite (they were replaced by zeros).
         exchanged = transport.allreduce_sum([tf.reshape(tf.cast(flag, tf.float32), [1]), self.nonfinite_flags(self._step_bad)],
                                             name="hetsync_selsync_flag")

@@ -2,7 +2,7 @@
 
 Ko & Kim, "SHAT: A Novel Asynchronous Training Algorithm That Provides Fast Model Convergence in
 Distributed Deep Learning" (Appl. Sci. 2022), section 3 and Algorithm 1; section 4.4 for the sharding;
-``../shared/specs/shat.md`` and ``ssp.md`` resolve the open points.
+``docs/protocols/shat.md`` and ``docs/protocols/ssp.md`` resolve the open points.
 
 Every server owns one contiguous range [lo, hi) of the *flattened* parameter vector (the trainable
 variables concatenated in the model's order, each flattened in C order):

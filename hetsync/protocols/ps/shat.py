@@ -3,7 +3,7 @@
 Ko & Kim (Appl. Sci. 2022) section 3: each worker i keeps a local model w^i; after every local step it
 pushes its gradient, pulls the global model w~ and c_i (the updates by other workers since i's previous
 one, Algorithm 1) and mixes w^i <- (1 - alpha_i) w^i + alpha_i w~ (eq. 3). The protocols differ only in
-alpha (``../shared/specs/shat.md`` section 2 for the edge cases):
+alpha (``docs/protocols/shat.md`` for the edge cases):
 
 * ``SHAT``: alpha_i = 1 - s_i / log n with s_i = n / c_i (eq. 4; the log base is ``log_base``, natural by
   default), clipped to [0, 1]; c_i = 0 gives 0 (keep the local model), n = 1 gives 1;

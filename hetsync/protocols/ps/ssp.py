@@ -1,6 +1,6 @@
 """SSP: stale synchronous parallel training on parameter servers (Ho et al. 2013; SelSync's SSP baseline).
 
-``../shared/specs/ssp.md``: every worker p has a clock, its completed iterations; a worker may start
+``docs/protocols/ssp.md``: every worker p has a clock, its completed iterations; a worker may start
 iteration c only when the slowest clock is at least c - s. SelSync's baseline keeps the model on a
 parameter server that applies every pushed gradient at once with the same learning rate (no averaging)
 and workers read the whole model atomically (the spec's recommended default).

@@ -65,7 +65,7 @@ class PSConfig(ProtocolConfig):
                                     "server waits for a message from an unfinished worker before a clear error.",
                              gt=0, unit="seconds")
     data_plan: typing.Literal["pool", "shard"] = param(
-        "pool", "str, how ``fit_data`` feeds the workers: ``\"pool\"`` (default; work conservation, issue 15: each "
+        "pool", "str, how ``fit_data`` feeds the workers: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by worker 0, faster workers draw more batches, every sample "
                 "once per epoch, :mod:`hetsync.data.pool`; under SSP the gate still holds a fast worker within s "
                 "iterations of the slowest unfinished one) or ``\"shard\"`` (a fixed equal share per worker).")
@@ -217,7 +217,7 @@ class PSProtocol(Protocol):
         """
         t = self.step
         g = self._grad.numpy()
-        self.check_finite_arrays([g], "gradient", t)  # issue 15: never pushed
+        self.check_finite_arrays([g], "gradient", t)  # never pushed
         eta = float(self._lr.numpy())
         sent_at = time.time()
         t0 = time.monotonic()

@@ -3,7 +3,7 @@ group controller, and the parameter server that averages the groups' models (RNA
 
 Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
 Clusters" (Middleware '20), section 4 (Fig. 5) and section 6 ("Hierarchical synchronization");
-``../shared/specs/rna_hierarchical.md`` resolves the open points. The protocol itself (rounds inside
+``docs/protocols/rnah.md`` resolves the open points. The protocol itself (rounds inside
 a group, the push/pull and the broadcast) is :mod:`hetsync.protocols.rna.hierarchical`.
 
 * :func:`speed_groups`: the rule of section 4, paragraph 2 (spec 2.1).

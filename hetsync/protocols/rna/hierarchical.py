@@ -1,7 +1,7 @@
 """Hierarchical RNA (RNA section 4): flat RNA inside groups of similar speed, groups averaged by a server.
 
 Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
-Clusters" (Middleware '20), section 4 (Fig. 5) and section 6; ``../shared/specs/rna_hierarchical.md``
+Clusters" (Middleware '20), section 4 (Fig. 5) and section 6; ``docs/protocols/rnah.md``
 resolves the open points (its choices are marked "spec" below). The grouping rule, the group
 controller and the server are in :mod:`hetsync.protocols.rna.groups`.
 

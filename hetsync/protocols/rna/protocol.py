@@ -25,7 +25,7 @@ How one rank works
   step (no fresh result) uses gamma itself. With ``scale_lr=False`` (default) every applied
   gradient, averaged or local, uses the optimizer's rate unchanged: a rate set as horovod's
   "lr x world size" then drives every local step too (n times a single worker's rate on b samples),
-  which diverged in issue 15's report; use ``scale_lr=True`` with the single-worker rate instead.
+  which diverged in our measurements; use ``scale_lr=True`` with the single-worker rate instead.
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
   drift apart like a random walk. The communication thread measures the drift, the largest L2
@@ -101,7 +101,7 @@ class RNAConfig(ProtocolConfig):
                            unit="milliseconds")
     seed: int = param(0, "int in [0, 2**32 - 1], seed of the controller's probe choices.", ge=0, le=2**32 - 1)
     data_plan: typing.Literal["pool", "shard"] = param(
-        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation, issue 15: each "
+        "pool", "str, how ``fit_data`` feeds the ranks: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
                 "once per epoch, :mod:`hetsync.data.pool`) or ``\"shard\"`` (a fixed equal share per rank).")
 
@@ -112,7 +112,7 @@ class RNAProtocol(Protocol):
     #: the communication thread runs horovod collectives (rounds, drift, parameter averages).
     collectives_in_thread = True
     #: the periodic parameter average (``average_every``) also averages the model's float32
-    #: non-trainable state (BatchNormalization statistics; issue 15). Hierarchical RNA: False.
+    #: non-trainable state (BatchNormalization statistics). Hierarchical RNA: False.
     average_state_in_rounds = True
 
     name = "rna"
@@ -165,7 +165,7 @@ class RNAProtocol(Protocol):
             return
         self._vars = variables
         self._shapes = [tuple(v.shape) for v in variables]
-        # the periodic parameter average also averages the model's float32 non-trainable state (issue 15)
+        # the periodic parameter average also averages the model's float32 non-trainable state
         self._state = [v for v in self.state_variables if v.dtype == "float32"] if self.average_state_in_rounds else []
         self._pshapes = self._shapes + [tuple(v.shape) for v in self._state]
         self._cache = ops.grad_cache_create(self._shapes, self.cfg.max_staleness)
@@ -353,7 +353,7 @@ class RNAProtocol(Protocol):
         active = 1.0 if self.done_steps is None else 0.0
         finite = bool(np.isfinite(x).all())
         raw = x
-        if not finite:  # issue 15: never sent; this rank joins the round as inactive, then fails
+        if not finite:  # never sent; this rank joins the round as inactive, then fails
             x, active = np.zeros_like(x), 0.0
         s = transport.allreduce_sum([tf.constant(np.append(x * active, active).astype(np.float32))],
                                     name="hetsync_rna_params")[0].numpy()

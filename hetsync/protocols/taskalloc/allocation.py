@@ -2,7 +2,7 @@
 
 Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
 Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
-self-adaptive allocation); GUIDE section 3 (heterogeneity efficiency). The protocol and its data
+self-adaptive allocation) (heterogeneity efficiency). The protocol and its data
 plumbing are in :mod:`hetsync.protocols.taskalloc.protocol`.
 
 Units: n ranks; w_i micro-batches of rank i per synchronization round; C = sum_i w_i; mb samples
@@ -270,7 +270,7 @@ def predicted_gain(old, new, speeds):
 
 
 def heterogeneity_efficiency(samples, compute_s, wall_s):
-    """Heterogeneity efficiency E of one epoch (GUIDE section 3), from in-run measurements.
+    """Heterogeneity efficiency E of one epoch, from in-run measurements.
 
     E = (sum_i D_i / T) / sum_i v_i with v_i = D_i / t_s^i: the job's samples per second divided
     by the sum of the ranks' own speeds while computing (samples per second of compute time, the
@@ -278,7 +278,7 @@ def heterogeneity_efficiency(samples, compute_s, wall_s):
     the epoch, t_s^i = its compute seconds (waiting excluded), T = the epoch's wall time (the
     protocol passes the epoch without its first step, which carries tracing and rank 0's
     evaluation). E = 1 when no rank ever waits or communicates; BSP under fixed speeds gets about
-    n min_i v_i / sum_i v_i. This is the in-run stand-in for the GUIDE's E, which divides by the
+    n min_i v_i / sum_i v_i. This is the in-run stand-in for the benchmark's E, which divides by the
     ranks' speeds measured alone (:mod:`hetsync.bench.efficiency`). On dedicated devices the two
     agree; where ranks share cores this one reads low, because a waiting rank yields its core and
     the ranks still computing run faster meanwhile (4 ranks on 2 cores, equal speeds, a perfectly

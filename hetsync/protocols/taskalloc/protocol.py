@@ -2,7 +2,7 @@
 
 Paper: "Task allocation for decentralized training in heterogeneous environment" (Chao, Liao,
 Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
-self-adaptive allocation); GUIDE section 2. The allocation arithmetic (eq. 10, rounding, plans,
+self-adaptive allocation). The allocation arithmetic (eq. 10, rounding, plans,
 efficiency) is in :mod:`hetsync.protocols.taskalloc.allocation`; this module holds the protocol, its data
 plumbing (per-epoch plans read by Keras' prefetching thread) and its callback.
 
@@ -139,7 +139,7 @@ class TaskAllocationProtocol(Protocol):
         ValueError: as :func:`TaskAllocation` (the world-size checks run in :meth:`build`).
     """
 
-    #: the weighted allreduce carries every rank's non-finite flag (issue 15): all ranks stop together.
+    #: the weighted allreduce carries every rank's non-finite flag: all ranks stop together.
     nonfinite_in_collective = True
 
     name = "taskalloc"
@@ -534,7 +534,7 @@ class TaskAllocationProtocol(Protocol):
         ``g_i`` is rank i's mean gradient over its m_i samples of this round (Keras' default
         ``sum_over_batch_size`` loss reduction), so the result is the mean gradient over every
         sample of the round, whatever the split. One grouped horovod allreduce per step carries the
-        scaled gradients, m_i and the [n] non-finite flags (a set flag stops every rank, issue 15).
+        scaled gradients, m_i and the [n] non-finite flags (a set flag stops every rank).
         """
         present, dense = present_gradients(grads)
         m = tf.identity(self._mb)
@@ -556,7 +556,7 @@ class TaskAllocationProtocol(Protocol):
 
 
     def state(self):
-        """The base state plus the allocation (issue 15): ``weights`` w_i (ints), ``total``, the
+        """The base state plus the allocation: ``weights`` w_i (ints), ``total``, the
         per-epoch ``history``, ``stable``, the pending allocation and the stability count."""
         out = super().state()
         out["allocation"] = {
