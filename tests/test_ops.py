@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from hetsync import ops
+from hetsync.ops import library as op_library
 
 
 class DelayOpTest(tf.test.TestCase):
@@ -102,18 +103,18 @@ class DelayOpTest(tf.test.TestCase):
 
 
 def test_stale_build_is_refused_with_rebuild_instructions(tmp_path, monkeypatch):
-    lib = ops._library_path()
+    lib = op_library._library_path()
     shutil.copy(lib, tmp_path / os.path.basename(lib))
-    (tmp_path / os.path.basename(ops._info_path(lib))).write_text(json.dumps({"tf_version": "0.0.1"}))
-    monkeypatch.setattr(ops, "_HERE", str(tmp_path))
-    monkeypatch.setattr(ops, "_library", None)
+    (tmp_path / os.path.basename(op_library._info_path(lib))).write_text(json.dumps({"tf_version": "0.0.1"}))
+    monkeypatch.setattr(op_library, "_LIBRARY_DIR", str(tmp_path))
+    monkeypatch.setattr(op_library, "_library", None)
     with pytest.raises(ops.OpLibraryError, match=r"built for TensorFlow 0\.0\.1.*make build"):
         ops.load_library()
 
 
 def test_missing_library_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(ops, "_HERE", str(tmp_path))
-    monkeypatch.setattr(ops, "_library", None)
+    monkeypatch.setattr(op_library, "_LIBRARY_DIR", str(tmp_path))
+    monkeypatch.setattr(op_library, "_library", None)
     with pytest.raises(ops.OpLibraryError, match="not built"):
         ops.load_library()
 

@@ -1,5 +1,6 @@
-// Hop's update queue and token queue (Hop paper sections 4.1, 4.2, 6.1; spec
-// /work/shared/specs/hop.md sections 2, 3, 11) as host-side TensorFlow resources.
+// Hop's update queue and token queue (Hop paper sections 4.1, 4.2, 6.1; design
+// notes: docs/protocols/hop.md) as host-side TensorFlow resources. Implemented
+// in hop_queues.cc; the ops reaching them in hop_queue_ops.cc.
 //
 // HopUpdateQueue: tagged FIFO entries (a fixed list of tensors + int64 tags
 //   iter and w_id) kept in num_slots = max_ig + 1 rotating FIFO slots (entry
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_base.h"
@@ -43,6 +45,11 @@
 namespace hetsync {
 
 class HopWaitable;
+
+// " '<label>'" for messages naming a queue, "" for an unlabelled one.
+inline std::string QuotedLabel(const std::string& label) {
+  return label.empty() ? "" : " '" + label + "'";
+}
 
 // A parked blocking op. Shared (shared_ptr) by the resource's waiter list, the
 // deadline callback and the cancellation callback; holds a reference on its
@@ -63,7 +70,7 @@ struct HopWaiter {
   ::tensorflow::CancellationManager* cm = nullptr;
   ::tensorflow::CancellationToken token = ::tensorflow::CancellationManager::kInvalidToken;
   bool finished = false;       // guarded by owner->mu
-  ::tensorflow::Status status;  // result status, set by the finisher under owner->mu
+  absl::Status status;  // result status, set by the finisher under owner->mu
 
   // Request. kDequeue: m, iter, w_id (-1 = wildcard), greedy.
   // kDequeueNewest: w_ids, min_iteration. kTokenTake: index, count.
@@ -94,14 +101,14 @@ class HopWaitable : public ::tensorflow::ResourceBase {
   void Run(std::shared_ptr<HopWaiter> w);
 
   // Fails `w` with `status` unless it already finished (deadline, cancellation).
-  void Fail(const std::shared_ptr<HopWaiter>& w, const ::tensorflow::Status& status);
+  void Fail(const std::shared_ptr<HopWaiter>& w, const absl::Status& status);
 
   // Under mu: re-tries every parked waiter in FIFO order; the finished ones
   // are removed from the list and appended to `out` (to Finish outside mu).
   void PollLocked(std::vector<std::shared_ptr<HopWaiter>>* out);
 
   // Under mu: fails every parked waiter with `status`, moving them to `out`.
-  void FailAllLocked(const ::tensorflow::Status& status,
+  void FailAllLocked(const absl::Status& status,
                      std::vector<std::shared_ptr<HopWaiter>>* out);
 
   // Outside mu, once per finished waiter: writes its outputs (or its error)
@@ -113,7 +120,7 @@ class HopWaitable : public ::tensorflow::ResourceBase {
 
  protected:
   // Under mu: a non-OK status if `w` must fail at once (closed / cancelled).
-  virtual ::tensorflow::Status RefusalLocked(const HopWaiter& w) = 0;
+  virtual absl::Status RefusalLocked(const HopWaiter& w) = 0;
   // Under mu: tries to complete `w`; true if it finished (w->status set, ok or
   // an error), false if it must keep waiting (nothing changed).
   virtual bool TryCompleteLocked(HopWaiter* w) = 0;
@@ -163,20 +170,20 @@ class HopUpdateQueue : public HopWaitable {
   int64_t num_slots() const { return num_slots_; }
 
   // Checks a component list against the queue's dtypes and shapes.
-  ::tensorflow::Status CheckComponents(const ::tensorflow::OpInputList& values) const;
+  absl::Status CheckComponents(const ::tensorflow::OpInputList& values) const;
 
   // Under mu. Appends one entry (or counts it as dropped if closed); the
   // caller then polls the waiters.
   void EnqueueLocked(int64_t iter, int64_t w_id, std::vector<::tensorflow::Tensor> values);
   // Under mu. Number of matching entries (iter >= 0: discards stale entries of
   // slot iter mod num_slots first; FailedPrecondition on a tag > iter there).
-  ::tensorflow::Status SizeLocked(int64_t iter, int64_t w_id, int64_t* size);
+  absl::Status SizeLocked(int64_t iter, int64_t w_id, int64_t* size);
   // Under mu. Closes the queue and fails every parked waiter.
   void CloseLocked(const std::string& message, std::vector<std::shared_ptr<HopWaiter>>* out);
   void CountersLocked(int64_t out[kNumCounters]) const;
 
  protected:
-  ::tensorflow::Status RefusalLocked(const HopWaiter& w) override;
+  absl::Status RefusalLocked(const HopWaiter& w) override;
   bool TryCompleteLocked(HopWaiter* w) override;
   std::string TimeoutMessageLocked(const HopWaiter& w, double waited_ms) override;
   void EmitOutputs(HopWaiter* w) override;
@@ -188,11 +195,11 @@ class HopUpdateQueue : public HopWaitable {
     size_t pos;
   };
   // Under mu: matching entries, sorted by seq (see SizeLocked for iter >= 0).
-  ::tensorflow::Status FindLocked(int64_t iter, int64_t w_id, std::vector<Loc>* locs);
+  absl::Status FindLocked(int64_t iter, int64_t w_id, std::vector<Loc>* locs);
   // Under mu: removes the entries at `locs` (any order), returning them in `locs` order.
   std::vector<Entry> RemoveLocked(const std::vector<Loc>& locs);
   std::string PresentSummaryLocked() const;
-  ::tensorflow::Status ClosedStatusLocked() const;  // Cancelled(message) once closed
+  absl::Status ClosedStatusLocked() const;  // Cancelled(message) once closed
 
   const std::string label_;
   const ::tensorflow::DataTypeVector dtypes_;
@@ -227,13 +234,13 @@ class HopTokenQueue : public HopWaitable {
   const std::vector<int64_t>& newest() const { return newest_; }
 
  protected:
-  ::tensorflow::Status RefusalLocked(const HopWaiter& w) override;
+  absl::Status RefusalLocked(const HopWaiter& w) override;
   bool TryCompleteLocked(HopWaiter* w) override;
   std::string TimeoutMessageLocked(const HopWaiter& w, double waited_ms) override;
   void EmitOutputs(HopWaiter* w) override;
 
  private:
-  ::tensorflow::Status CancelledStatusLocked() const;  // Cancelled(message) once cancelled
+  absl::Status CancelledStatusLocked() const;  // Cancelled(message) once cancelled
 
   const std::string label_;
   // All guarded by mu.

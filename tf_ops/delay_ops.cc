@@ -1,18 +1,64 @@
-// Kernel of HetsyncDelay (see ops.cc): an asynchronous pass-through that
-// completes after (factor - 1) * compute_time + extra_ms, or, on an emulated
-// device (device_ms > 0), once the step has lasted factor * device_ms + extra_ms.
+// The delay op family: HetsyncDelay, an asynchronous pass-through that holds
+// a step's tensors back to emulate a slower device (the emulation behind
+// hetsync.ops.delay, --slowdown and netdelay latency). It completes after
+// (factor - 1) * compute_time + extra_ms or, on an emulated device
+// (device_ms > 0), once the step has lasted factor * device_ms + extra_ms.
+// The wait runs on TimerQueue::Global(), so no TensorFlow thread is held.
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
+#include "kernel_util.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "timer_queue.h"
 
 namespace hetsync {
 
 using namespace ::tensorflow;  // NOLINT
+using ::tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP("HetsyncDelay")
+    .Input("tensors: T")
+    .Input("control: float64")
+    .Output("outputs: T")
+    .Output("delay_ms: float64")
+    .Output("compute_ms: float64")
+    .Attr("T: list(type) >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      const int n = c->num_inputs() - 1;
+      for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
+      shape_inference::ShapeHandle control;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 1, &control));
+      c->set_output(n, c->Scalar());
+      c->set_output(n + 1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Forwards `tensors` unchanged after an injected delay, without holding a
+thread while it waits (AsyncOpKernel + timer thread), so the step behaves
+like one on a slower device.
+
+control: float64 vector [step_start_s, factor, extra_ms] or
+  [step_start_s, factor, extra_ms, device_ms].
+  step_start_s: wall-clock time (seconds since the epoch) at which the step
+    started; 0 means unknown (compute time taken as 0).
+  factor: K >= 1; the delay adds (K - 1) times the compute time measured
+    from step_start_s to the moment the op runs.
+  extra_ms: constant extra delay in milliseconds (>= 0).
+  device_ms: emulated device time of the step in milliseconds (>= 0, default
+    0 = no emulation). If > 0 the op completes once the step has lasted
+    factor * device_ms + extra_ms since step_start_s (delay = that minus the
+    compute time, at least 0); factor no longer multiplies the compute time.
+outputs: the inputs, unchanged (same buffers).
+delay_ms: the delay that was applied, in milliseconds.
+compute_ms: the compute time measured since step_start_s, in milliseconds.
+)doc");
 
 class DelayOp : public AsyncOpKernel {
  public:
@@ -57,11 +103,8 @@ class DelayOp : public AsyncOpKernel {
                                 : (factor - 1.0) * compute_ms + extra_ms;
 
     for (int i = 0; i < n; ++i) ctx->set_output(i, ctx->input(i));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n, TensorShape({}), &out), done);
-    out->scalar<double>()() = delay_ms;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n + 1, TensorShape({}), &out), done);
-    out->scalar<double>()() = compute_ms;
+    OP_REQUIRES_OK_ASYNC(ctx, ScalarOutput(ctx, n, delay_ms), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ScalarOutput(ctx, n + 1, compute_ms), done);
 
     if (delay_ms <= 0.0) {
       done();

@@ -1,5 +1,10 @@
-// Kernel of HetsyncBuildInfo: reports the TensorFlow version of the build.
+// HetsyncBuildInfo: the TensorFlow version this library was compiled against.
+// hetsync.ops.library compares it with the running TensorFlow and refuses a
+// stale build (a custom-op library built for another version can crash).
 
+#include "kernel_util.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/public/version.h"
@@ -20,13 +25,19 @@ namespace hetsync {
 
 using namespace ::tensorflow;  // NOLINT
 
+REGISTER_OP("HetsyncBuildInfo")
+    .Output("tf_version: string")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Returns the TensorFlow version string (TF_VERSION_STRING) the hetsync op
+library was compiled against. Used by hetsync.ops to refuse a stale build.
+)doc");
+
 class BuildInfoOp : public OpKernel {
  public:
   explicit BuildInfoOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
   void Compute(OpKernelContext* ctx) override {
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<tstring>()() = TF_VERSION_STRING;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, tstring(TF_VERSION_STRING)));
   }
 };
 

@@ -1,14 +1,11 @@
-// Kernels of the gradient-cache ops (definitions and docs in ops.cc):
-// HetsyncGradCacheCreate / Write / Read / Take / Publish / Wait / Status /
-// Destroy. RNA paper sections 3.3 and 6 (WriteOp, ReadOp, the controller's
-// "take the accumulation" and "publish with iterationID").
-//
-// Device: CPU kernels only. The Python wrappers (hetsync/ops.py) pin every
-// cache op to /CPU:0, so on a GPU machine TensorFlow's placer inserts the
-// device-to-host copy of the gradients before WriteOp and the host-to-device
-// copy after ReadOp: the cache lives in host memory as in the paper. GPU
-// registrations with HostMemory inputs are not possible here: the resource
-// lives in the CPU device's ResourceMgr, which a GPU kernel cannot look up.
+// The gradient-cache op family of RNA's cross-iteration execution (RNA paper
+// sections 3.3 and 6): HetsyncGradCacheCreate / Write / Read / Take / Publish
+// / Wait / absl::Status / Destroy, their definitions and their kernels. WriteOp and
+// ReadOp run inside the training step and never block; Take, Publish, Wait and
+// absl::Status run on the communication thread. Float32 only. The cache (grad_cache.h)
+// is a resource in host memory whatever the device: every op also has a GPU
+// kernel (the CPU one) with all of its arguments in host memory, so TensorFlow
+// copies a GPU gradient into the cache on write and the result back on read.
 
 #include <algorithm>
 #include <atomic>
@@ -18,24 +15,149 @@
 #include <vector>
 
 #include "grad_cache.h"
+#include "kernel_util.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace hetsync {
 
 using namespace ::tensorflow;  // NOLINT
+using ::tensorflow::shape_inference::InferenceContext;
+
+// ---- Op definitions ----------------------------------------------------------
+
+REGISTER_OP("HetsyncGradCacheCreate")
+    .Output("cache: resource")
+    .Attr("shapes: list(shape) >= 1")
+    .Attr("max_staleness: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates a gradient cache for float32 tensors of the given shapes and returns
+its handle. max_staleness: write of iteration k drops pending gradients of
+iterations t with k - t > max_staleness (counted).
+)doc");
+
+REGISTER_OP("HetsyncGradCacheWrite")
+    .Input("cache: resource")
+    .Input("grads: N * float")
+    .Input("iteration: int64")
+    .Output("dropped: int64")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+WriteOp: caches this step's gradients (by reference) as pending for local
+iteration `iteration` (strictly increasing). An empty accumulation (the null
+gradient) is replaced; pending gradients of earlier iterations stay and are
+combined with staleness weights when taken; those older than max_staleness
+are dropped. dropped: cumulative number of dropped gradients. Never blocks.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheRead")
+    .Input("cache: resource")
+    .Input("local: N * float")
+    .Input("iteration: int64")
+    .Output("outputs: N * float")
+    .Output("fresh: bool")
+    .Output("round_id: int64")
+    .Output("weight_sum: float")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      const int n = c->num_inputs() - 2;
+      for (int i = 0; i < n; ++i) c->set_output(i, c->input(1 + i));
+      c->set_output(n, c->Scalar());
+      c->set_output(n + 1, c->Scalar());
+      c->set_output(n + 2, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+ReadOp: if a result was published since the last read, returns it (fresh =
+true, its round id and sum of weights); else returns `local` unchanged
+(fresh = false, the last read round id or -1, weight_sum = 1). Never blocks.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheTake")
+    .Input("cache: resource")
+    .Output("weighted: float")
+    .Output("iterations: int64")
+    .Output("newest_iteration: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Takes the pending accumulation, leaving the null gradient. weighted: float32
+[total + 1]: w * g' flattened (tensor order, row-major) followed by w, where
+g' = sum_t a_t g_t / sum_t a_t, a_t = t - (k - tau) + 1, k the newest pending
+iteration, tau = k - (oldest pending iteration); w = 1, or all zeros (w = 0)
+if nothing was pending. iterations: the combined iterations, oldest first.
+newest_iteration: the newest iteration ever written (-1: none).
+)doc");
+
+REGISTER_OP("HetsyncGradCachePublish")
+    .Input("cache: resource")
+    .Input("reduced: float")
+    .Input("round_id: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Publishes an allreduced [sum_r w_r g'_r..., sum_r w_r] (float32 [total + 1])
+as the result of round `round_id` (strictly increasing): the stored result is
+the first `total` values divided by the last (must be > 0).
+)doc");
+
+REGISTER_OP("HetsyncGradCacheWait")
+    .Input("cache: resource")
+    .Input("timeout_ms: float64")
+    .Output("ready: bool")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Blocks up to timeout_ms milliseconds until a gradient is pending; returns
+whether one is. For the communication thread only, never inside a step.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheStatus")
+    .Input("cache: resource")
+    .Output("counters: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(10));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Returns int64 [10]: written, dropped, taken, takes, published, fresh_reads,
+newest_round, last_read_round, pending, newest_iteration.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheDestroy")
+    .Input("cache: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Deletes the cache from its resource manager (it is freed when the last op
+using it finishes).
+)doc");
+
+// ---- Kernels -----------------------------------------------------------------
 
 namespace {
 
+constexpr char kCache[] = "gradient cache";  // what a cache op's handle input reaches
+
 std::atomic<int64_t> g_cache_counter{0};
 
-Status LookupCache(OpKernelContext* ctx, GradCache** cache) {
-  return LookupResource(ctx, HandleFromInput(ctx, 0), cache);
-}
-
-Status CheckGradList(const GradCache& cache, const OpInputList& list, const char* op,
-                     const char* what) {
+absl::Status CheckGradList(const GradCache& cache, const OpInputList& list, const char* op,
+                           const char* what) {
   if (list.size() != static_cast<int>(cache.shapes().size())) {
     return errors::InvalidArgument(op, ": the cache holds ", cache.shapes().size(),
                                    " tensors, got ", list.size(), " ", what);
@@ -47,7 +169,7 @@ Status CheckGradList(const GradCache& cache, const OpInputList& list, const char
                                      cache.shapes()[i].DebugString());
     }
   }
-  return OkStatus();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -58,13 +180,7 @@ class GradCacheCreateOp : public OpKernel {
   explicit GradCacheCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::vector<PartialTensorShape> partial;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shapes", &partial));
-    for (const auto& p : partial) {
-      TensorShape s;
-      OP_REQUIRES(ctx, p.AsTensorShape(&s),
-                  errors::InvalidArgument("HetsyncGradCacheCreate: every shape must be fully "
-                                          "defined, got ", p.DebugString()));
-      shapes_.push_back(s);
-    }
+    OP_REQUIRES_OK(ctx, FullyDefinedShapes(partial, "HetsyncGradCacheCreate", "shape", &shapes_));
     OP_REQUIRES(ctx, !shapes_.empty(),
                 errors::InvalidArgument("HetsyncGradCacheCreate: shapes must not be empty"));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_staleness", &max_staleness_));
@@ -75,13 +191,7 @@ class GradCacheCreateOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const std::string name = "hetsync_grad_cache_" + std::to_string(g_cache_counter++);
-    GradCache* cache = new GradCache(shapes_, max_staleness_);
-    OP_REQUIRES_OK(ctx, ctx->resource_manager()->Create<GradCache>(
-                            ctx->resource_manager()->default_container(), name, cache));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<ResourceHandle>()() = MakeResourceHandle<GradCache>(
-        ctx, ctx->resource_manager()->default_container(), name);
+    OP_REQUIRES_OK(ctx, CreateResourceOutput(ctx, name, new GradCache(shapes_, max_staleness_)));
   }
 
  private:
@@ -95,16 +205,14 @@ class GradCacheWriteOp : public OpKernel {
   explicit GradCacheWriteOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
+    const char* op = "HetsyncGradCacheWrite";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    OP_REQUIRES_OK(ctx, CheckGradList(*cache, grads, "HetsyncGradCacheWrite", "grads"));
-    const Tensor& it_t = ctx->input(ctx->num_inputs() - 1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(it_t.shape()),
-                errors::InvalidArgument("HetsyncGradCacheWrite: iteration must be a scalar"));
-    const int64_t k = it_t.scalar<int64_t>()();
+    OP_REQUIRES_OK(ctx, CheckGradList(*cache, grads, op, "grads"));
+    int64_t k = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, ctx->num_inputs() - 1, op, "iteration", &k));
 
     GradCache::Entry entry;
     entry.iteration = k;
@@ -131,9 +239,7 @@ class GradCacheWriteOp : public OpKernel {
       dropped = c[GradCache::kDropped];
     }
     cache->pending_cv.notify_all();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = dropped;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, dropped));
   }
 };
 
@@ -143,15 +249,14 @@ class GradCacheReadOp : public OpKernel {
   explicit GradCacheReadOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
+    const char* op = "HetsyncGradCacheRead";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
     OpInputList local;
     OP_REQUIRES_OK(ctx, ctx->input_list("local", &local));
-    OP_REQUIRES_OK(ctx, CheckGradList(*cache, local, "HetsyncGradCacheRead", "local"));
-    const Tensor& it_t = ctx->input(ctx->num_inputs() - 1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(it_t.shape()),
-                errors::InvalidArgument("HetsyncGradCacheRead: iteration must be a scalar"));
+    OP_REQUIRES_OK(ctx, CheckGradList(*cache, local, op, "local"));
+    int64_t iteration = 0;  // checked only: ReadOp does not need it
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, ctx->num_inputs() - 1, op, "iteration", &iteration));
 
     std::vector<Tensor> result;
     bool fresh = false;
@@ -173,13 +278,9 @@ class GradCacheReadOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
     for (int i = 0; i < local.size(); ++i) outputs.set(i, fresh ? result[i] : local[i]);
     const int n = local.size();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({}), &out));
-    out->scalar<bool>()() = fresh;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(n + 1, TensorShape({}), &out));
-    out->scalar<int64_t>()() = round;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(n + 2, TensorShape({}), &out));
-    out->scalar<float>()() = weight_sum;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, n, fresh));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, n + 1, round));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, n + 2, weight_sum));
   }
 };
 
@@ -191,9 +292,8 @@ class GradCacheTakeOp : public OpKernel {
   explicit GradCacheTakeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, "HetsyncGradCacheTake", kCache, &cache));
     std::deque<GradCache::Entry> taken;
     int64_t newest = -1;
     {
@@ -213,9 +313,7 @@ class GradCacheTakeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             1, TensorShape({static_cast<int64_t>(taken.size())}), &its_t));
     auto its = its_t->flat<int64_t>();
-    Tensor* newest_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &newest_t));
-    newest_t->scalar<int64_t>()() = newest;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 2, newest));
 
     if (taken.empty()) {  // the null gradient, weight 0
       std::fill(flat, flat + total + 1, 0.0f);
@@ -252,19 +350,17 @@ class GradCachePublishOp : public OpKernel {
   explicit GradCachePublishOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
+    const char* op = "HetsyncGradCachePublish";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
     const Tensor& flat_t = ctx->input(1);
     const int64_t total = cache->total();
     OP_REQUIRES(ctx, flat_t.dims() == 1 && flat_t.NumElements() == total + 1,
                 errors::InvalidArgument("HetsyncGradCachePublish: reduced must be a float32 "
                                         "vector of length ", total + 1, " (all values + the "
                                         "weight sum), got shape ", flat_t.shape().DebugString()));
-    const Tensor& round_t = ctx->input(2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(round_t.shape()),
-                errors::InvalidArgument("HetsyncGradCachePublish: round_id must be a scalar"));
-    const int64_t round = round_t.scalar<int64_t>()();
+    int64_t round = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, op, "round_id", &round));
     OP_REQUIRES(ctx, round >= 0,
                 errors::InvalidArgument("HetsyncGradCachePublish: round_id must be >= 0, got ",
                                         round));
@@ -302,26 +398,24 @@ class GradCacheWaitOp : public OpKernel {
   explicit GradCacheWaitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
-    const Tensor& to = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(to.shape()),
-                errors::InvalidArgument("HetsyncGradCacheWait: timeout_ms must be a scalar"));
-    const double timeout_ms = to.scalar<double>()();
+    const char* op = "HetsyncGradCacheWait";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
+    // Not TimeoutInput: 0 is allowed here (a poll), and the wait is synchronous.
+    double timeout_ms = 0.0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, op, "timeout_ms", &timeout_ms));
     OP_REQUIRES(ctx, timeout_ms >= 0.0,
                 errors::InvalidArgument("HetsyncGradCacheWait: timeout_ms must be >= 0, got ",
                                         timeout_ms));
     bool ready = false;
     {
-      std::unique_lock<std::mutex> lock(cache->mu);
-      ready = cache->pending_cv.wait_for(
+      GradCache* c = cache.get();
+      std::unique_lock<std::mutex> lock(c->mu);
+      ready = c->pending_cv.wait_for(
           lock, std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1e3)),
-          [cache] { return !cache->pending.empty(); });
+          [c] { return !c->pending.empty(); });
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<bool>()() = ready;
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, ready));
   }
 };
 
@@ -330,14 +424,14 @@ class GradCacheStatusOp : public OpKernel {
   explicit GradCacheStatusOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    GradCache* cache = nullptr;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &cache));
-    core::ScopedUnref unref(cache);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({GradCache::kNumCounters}), &out));
-    auto v = out->flat<int64_t>();
-    std::lock_guard<std::mutex> lock(cache->mu);
-    for (int i = 0; i < GradCache::kNumCounters; ++i) v(i) = cache->counters[i];
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, "HetsyncGradCacheStatus", kCache, &cache));
+    int64_t counters[GradCache::kNumCounters];
+    {
+      std::lock_guard<std::mutex> lock(cache->mu);
+      std::copy(cache->counters, cache->counters + GradCache::kNumCounters, counters);
+    }
+    OP_REQUIRES_OK(ctx, Int64VectorOutput(ctx, 0, counters, GradCache::kNumCounters));
   }
 };
 
@@ -346,9 +440,11 @@ class GradCacheDestroyOp : public OpKernel {
   explicit GradCacheDestroyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, DeleteResource<GradCache>(ctx, HandleFromInput(ctx, 0)));
+    OP_REQUIRES_OK(ctx, DeleteHandle<GradCache>(ctx, "HetsyncGradCacheDestroy", kCache));
   }
 };
+
+// ---- Kernel registrations ----------------------------------------------------
 
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheCreate").Device(DEVICE_CPU), GradCacheCreateOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWrite").Device(DEVICE_CPU), GradCacheWriteOp);
