@@ -29,7 +29,7 @@ export TF_NUM_INTRAOP_THREADS ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: deps run test build clean bench bench-quick
+.PHONY: deps run test test-full build clean bench bench-quick
 deps: $(STAMP)
 
 # Idempotent: scripts/deps.sh checks before it acts; rerun when what it installs changes.
@@ -62,8 +62,15 @@ bench: deps
 bench-quick: deps
 	$(PY) -m hetsync.bench --preset quick --out runs/bench-quick
 
+# The suite (scripts/test.sh): tests/unit in-process beside tests/mp + tests/e2e (real launches, one at a time).
+# `test` is what CI runs (everything not marked slow); `test-full` adds the slow tier (matrices, soak sample, the
+# quick benchmark preset from outside the checkout). Logs, durations and JUnit files land under runs/.
+# Extra pytest arguments: `make test ARGS="-k bsp"`.
 test: deps
-	$(PY) -m pytest -q -ra --durations=25
+	PY=$(PY) bash scripts/test.sh quick $(ARGS)
+
+test-full: deps
+	PY=$(PY) bash scripts/test.sh full $(ARGS)
 
 clean:
 	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops*_build.json runs .pytest_cache

@@ -12,7 +12,8 @@ and in total (every rank's images over the slowest rank's time), from the steps 
         --image-size 32 --batch-size 16 --steps 20 --protocol rna --slowdown random:4
 
 ``--out FILE`` writes the report as JSON (rank 0): ``model``, ``protocol``, ``world_size``,
-``data``, ``images_per_s_per_rank`` (list), ``images_per_s_total``, ``step_ms_median_per_rank``,
+``data``, ``images_per_s_per_rank`` (list), ``images_per_s_total`` (every rank's images over the slowest rank's
+timed seconds), ``images_per_rank`` and ``seconds_per_rank`` (lists), ``step_ms_median_per_rank``,
 ``timed_steps``, ``loss_first``, ``loss_last``, ``weights_max_abs_diff`` and ``params``.
 """
 import argparse
@@ -158,6 +159,7 @@ def main(argv=None):
     report = {"model": args.model, "protocol": args.protocol, "world_size": size, "data": args.data,
               "image_size": args.image_size, "batch_size": args.batch_size, "scenario": args.slowdown,
               "images_per_s_per_rank": per_rank, "images_per_s_total": total,
+              "images_per_rank": [r["images"] for r in rows], "seconds_per_rank": [r["seconds"] for r in rows],
               "step_ms_median_per_rank": [r["step_ms_median"] for r in rows],
               "timed_steps": rate.step - args.warmup_steps, "loss_first": rate.losses[0], "loss_last": rate.losses[-1],
               "weights_max_abs_diff": float(diff), "params": int(model.count_params())}

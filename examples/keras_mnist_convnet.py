@@ -13,7 +13,8 @@ the single-process script are marked ``# hetsync`` (README, "Coming from horovod
 4. the callbacks: ``hetsync.callbacks.standard(opt)`` (initial broadcast, protocol hooks),
    ``MetricAverage()`` and the file-writing callbacks on rank 0 only.
 
-Launch (MNIST's IDX files, e.g. the real test set in ``../shared/data/mnist-t10k``; digits if absent)::
+Launch (MNIST's IDX files from ``--data-dir`` or the ``HETSYNC_DATA_DIR`` environment variable; scikit-learn's
+digits when neither is set)::
 
     horovodrun --mpi -np 2 .venv/bin/python examples/keras_mnist_convnet.py --protocol bsp
 
@@ -35,9 +36,6 @@ from keras import layers  # noqa: E402
 
 import hetsync  # noqa: E402
 
-MNIST_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "mnist-t10k")
-
-
 def parse_args(argv=None):
     """Command line (argparse); every value is checked before training starts."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -45,7 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--protocol", default="bsp", choices=sorted(hetsync.protocols.WRAPPERS))
     p.add_argument("--protocol-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="protocol argument, repeatable (checked against the protocol's configuration)")
-    p.add_argument("--data-dir", default=MNIST_DIR, help="folder of MNIST IDX files (digits if it does not exist)")
+    p.add_argument("--data-dir", default=os.environ.get("HETSYNC_DATA_DIR") or None,
+                   help="folder of MNIST IDX files (default: $HETSYNC_DATA_DIR; scikit-learn's digits if neither is set)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64, help="per-rank batch size (samples)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
@@ -68,12 +67,14 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
         p.error(f"--lr must be positive, got {args.lr}")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        p.error(f"--data-dir (or HETSYNC_DATA_DIR): no such folder: {args.data_dir}")
     return args, p
 
 
 def load_data(data_dir, seed):
-    """MNIST from IDX files if ``data_dir`` exists, else scikit-learn's digits: (train, test, shape)."""
-    name = "mnist-idx" if os.path.isdir(data_dir) else "digits"
+    """MNIST from the IDX files in ``data_dir``, or scikit-learn's digits when it is None: (train, test, shape, name)."""
+    name = "digits" if data_dir is None else "mnist-idx"
     ds = hetsync.data.load(name, data_dir if name == "mnist-idx" else None, seed=seed)
     return (ds.x_train, ds.y_train), (ds.x_test, ds.y_test), ds.input_shape, name
 

@@ -1,4 +1,4 @@
-"""Parameter-server benchmark on the emulated cluster: SHAT, ASP, ENSEMBLE, SHAT-root, SSP against BSP, hierarchical RNA against flat RNA (issue 14 targets).
+"""Parameter-server benchmark on the emulated cluster: SHAT, ASP, ENSEMBLE, SHAT-root, SSP against BSP, hierarchical RNA against flat RNA.
 
 Runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` on the emulated cluster (``device:MS``,
 default 40 ms per step of the per-rank batch; MNIST when ``../shared/data/mnist-t10k`` exists, else

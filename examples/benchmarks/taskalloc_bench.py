@@ -40,7 +40,7 @@ ranks' speeds are those of their devices; E is then also given against the analy
 b / (K_i MS) (``E analytic``), and the overrun steps are reported. ``--speeds`` sets the
 heterogeneous scenario (e.g. ``speeds:1,1,1,1,1,1,0.5,0.25`` with ``--np 8``).
 
-``--simulated MS`` instead runs ``tests/mp/taskalloc_adaptive.py`` (digits, small CNN) with a
+``--simulated MS`` instead runs ``tests/jobs/taskalloc_adaptive.py`` (digits, small CNN) with a
 *simulated device* that waits MS ms per sample on a timer thread (no CPU), so compute time is
 proportional to the work and independent of how the machine's cores are shared: equal static
 allocation vs adaptive under ``speeds:1,1,1,0.5``, and BSP vs adaptive with equal speeds (epoch
@@ -208,7 +208,7 @@ def run_simulated(args):
     for rep in range(args.repeats):
         for name, spec, extra in cases[rep % len(cases):] + cases[:rep % len(cases)]:
             out = os.path.join(args.out, f"sim_{name}_{rep}.json")
-            cmd = launch.mpirun(4, ["tests/mp/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
+            cmd = launch.mpirun(4, ["tests/jobs/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
                                     str(args.epochs), "--batch-size", str(args.total * args.micro_batch // 4),
                                     "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
                                     "--device-ms-per-sample", str(args.simulated)] + extra)

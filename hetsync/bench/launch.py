@@ -6,6 +6,7 @@ from the repository root; this module is the one place that builds those command
 environment, so a launch flag or variable changes once.
 """
 import os
+import signal
 import subprocess
 import sys
 
@@ -130,9 +131,36 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None):
 
     Raises:
         ValueError: ``timeout_s`` not a positive number (a launch never waits without a bound).
-        subprocess.TimeoutExpired: the job ran longer than ``timeout_s`` (mpirun is killed).
+        subprocess.TimeoutExpired: the job ran longer than ``timeout_s``; the launcher's process group got
+            SIGTERM (mpirun and horovodrun then stop their ranks) and, 10 s later, SIGKILL.
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-    return subprocess.run(cmd, cwd=ROOT, env=job_env(stall_shutdown_s), capture_output=capture, text=True,
-                          timeout=timeout_s)
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(stall_shutdown_s), stdout=pipe, stderr=pipe, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        _stop_group(proc)
+        exc.output, exc.stderr = proc.communicate(timeout=30)
+        raise
+    except BaseException:
+        _stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stop_group(proc, grace_s=10.0):
+    """SIGTERM ``proc``'s process group (its own session: the launcher and what it started locally), SIGKILL
+    after ``grace_s`` seconds if the launcher is still alive."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -4,7 +4,7 @@
   when no scenario is injected) against ``tf.identity_n`` of the same tensors, both chained
   ``chain`` times inside one ``tf.while_loop`` so Python call overhead does not count.
 * ``gradient cache WriteOp+ReadOp``: one write and one (non-fresh) read of 25M float32 values
-  (ResNet-50's size, RNA issue) against a plain host copy of the same bytes (``numpy.copyto``).
+  (ResNet-50's size, as RNA's gradient cache holds it) against a plain host copy of the same bytes (``numpy.copyto``).
 * ``gradient cache full round``: write + take (host accumulation into one flat buffer) + publish +
   fresh read, against the same host copy.
 * the RNA initiator simulation (:mod:`hetsync.sim.rna_initiator`, RNA section 8.4).

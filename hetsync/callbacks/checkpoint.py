@@ -163,7 +163,7 @@ def _check_positive(name, value, kind):
 class BackupAndRestore(keras.callbacks.Callback):
     """Save every rank's training state every N steps and/or S seconds; resume a relaunch from it.
 
-    Issue 15 ("Checkpoint and resume"); modelled on ``keras.callbacks.BackupAndRestore`` and using
+    Checkpoint and resume for every protocol; modelled on ``keras.callbacks.BackupAndRestore`` and using
     its resume mechanism (``model._initial_epoch``), plus a mid-epoch resume and per-rank state
     (see the module docstring for the layout, the consistent cut and the limits). Put it in the
     callback list *before* ``hetsync.callbacks.standard(opt)``: it restores before the initial

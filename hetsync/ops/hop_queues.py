@@ -254,7 +254,7 @@ def hop_update_queue_size(handle, iteration=None, w_id=None):
 def hop_update_queue_dequeue_newest(handle, w_ids, min_iteration, timeout_ms=60000.0):
     """Bounded staleness: take the newest entry of each sender (op ``HetsyncHopUpdateQueueDequeueNewest``).
 
-    Hop sections 4.4 and 6.1 (spec section 5, "recommended semantics"). The queue remembers per w_id the
+    Hop sections 4.4 and 6.1 (design notes: docs/protocols/hop.md, the update queue's semantics). The queue remembers per w_id the
     newest tag ever taken by this op (``iter_rcv``, initially -1). The call waits (without holding a thread)
     while for some w_id in ``w_ids`` max(iter_rcv, newest tag present) < ``min_iteration``; then, atomically,
     it removes all entries of those w_ids (any slot), keeps the newest of each (largest iter; ties: the latest
@@ -339,8 +339,8 @@ def hop_token_queue_create(n, initial, name=None):
     """Create a Hop token queue set of one worker (op ``HetsyncHopTokenQueueCreate``; Hop section 4.2, Fig. 7).
 
     Worker i keeps one token counter per neighbour index 0..n-1 (the tokens granted to i by that neighbour)
-    and the newest iteration value received per index (which tells i that neighbour's iteration; spec
-    section 3, [derived]). Runs eagerly (``tf.init_scope``); each call creates a new resource, deleted by
+    and the newest iteration value received per index (which tells i that neighbour's iteration;
+    docs/protocols/hop.md, derived). Runs eagerly (``tf.init_scope``); each call creates a new resource, deleted by
     :func:`hop_token_queue_destroy`.
 
     Args:

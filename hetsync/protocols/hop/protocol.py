@@ -23,18 +23,18 @@ parts between compiled steps):
    * backup workers (Figure 8): dequeue at least |N_in(i)| - N_buw updates tagged k, plus every
      other one already there, and take the mean of what was received; late updates (tag < k) are
      discarded by the queue and counted;
-   * bounded staleness (eq. 2, with the corrected rule of the spec section 5): the newest update of
+   * bounded staleness (eq. 2, with the corrected rule of docs/protocols/hop.md): the newest update of
      each in-neighbour taken in this iteration, blocking only while a neighbour's newest update ever
      received is older than k - s, reduced with weights Iter(u) - (k - s) + 1 (updates older than
      k - s weigh 0);
    then x_{k+1,i} = temp + (the wrapped optimizer's update from the gradient at x_{k,i}).
 4. **Leave k** (batch end): take one token from TokenQ(j -> i) of every out-neighbour j (blocking:
    the iteration gap Iter(i) - Iter(j) stays <= ``max_ig``, Theorem 2). With ``skip``, a straggler
-   behind all its out-neighbours jumps (section 5, spec section 6): to
+   behind all its out-neighbours jumps (section 5; docs/protocols/hop.md, skipping): to
    k = min(k0 + skip, min_j Iter(j)), after averaging its parameters with the in-neighbours'
    iteration-(k-1) updates, taking and inserting k - k0 tokens.
 
-Self-loops are left out of the token sets (spec section 3: a self token queue never blocks and
+Self-loops are left out of the token sets (docs/protocols/hop.md: a self token queue never blocks and
 would cap the skip bound at 0). Training ends on every rank after the same number of Hop
 iterations (epochs x steps per epoch); a rank that skips runs fewer steps and stops early
 (``model.stop_training``). ``stop`` drains both channels with every rank, counts the updates left

@@ -13,7 +13,7 @@ alpha (``docs/protocols/shat.md`` for the edge cases):
   which is reported, but never change a worker).
 
 n is the number of workers. With several servers every server keeps its own counters, so alpha is
-computed per shard from that shard's c (the spec's "most faithful" reading); the statistics report
+computed per shard from that shard's c (the design notes' "most faithful" reading); the statistics report
 server 0's c and alpha per step, and the mean alpha over shards. The local step uses the wrapped Keras
 optimizer (its state, e.g. momentum, stays local); the server applies plain SGD w~ <- w~ - eta g with
 the worker's learning rate of that step (Algorithm 1 line 21).
@@ -35,7 +35,7 @@ __all__ = ["shat_alpha", "SHATConfig", "SHATRootConfig", "ASPConfig", "EnsembleC
 def shat_alpha(c, n, log_base=math.e, root=False):
     """SHAT's mixing weight alpha_i (eq. 4) or SHAT-root's (section 4.1.2), clipped to [0, 1].
 
-    alpha = 1 - s / log_base(n) (or 1 - s / sqrt(n) with ``root``), s = n / c. Edge cases (spec section 2):
+    alpha = 1 - s / log_base(n) (or 1 - s / sqrt(n) with ``root``), s = n / c. Edge cases (docs/protocols/shat.md):
     n = 1 gives 1 (local and global models are the same), c = 0 gives 0 (no other update since this
     worker's last one: keep the local model), a negative value is clipped to 0 (it would extrapolate away
     from w~). Example: c = 7, n = 8, natural log: 1 - (8 / 7) / ln 8 = 0.4504.
@@ -163,7 +163,7 @@ class EnsembleProtocol(PSProtocol):
             self.set_flat_weights(mean.astype(np.float32))
 
     def final_evaluation(self, model, x, y):
-        """ENSEMBLE's two accuracies (spec section 3): the mean accuracy of the n local models and the
+        """ENSEMBLE's two accuracies (docs/protocols/ensemble.md): the mean accuracy of the n local models and the
         accuracy of their averaged predicted probabilities (a true ensemble). Restores the model's weights.
 
         Args:

@@ -3,7 +3,7 @@
 ``docs/protocols/ssp.md``: every worker p has a clock, its completed iterations; a worker may start
 iteration c only when the slowest clock is at least c - s. SelSync's baseline keeps the model on a
 parameter server that applies every pushed gradient at once with the same learning rate (no averaging)
-and workers read the whole model atomically (the spec's recommended default).
+and workers read the whole model atomically (the design notes' recommended default).
 
 Here one round trip per iteration carries both the push and the pull: worker p computes its gradient
 on the model it last pulled, pushes it tagged with its iteration t (the server applies

@@ -6,7 +6,7 @@ Clusters" (Middleware '20), section 4 (Fig. 5) and section 6 ("Hierarchical sync
 ``docs/protocols/rnah.md`` resolves the open points. The protocol itself (rounds inside
 a group, the push/pull and the broadcast) is :mod:`hetsync.protocols.rna.hierarchical`.
 
-* :func:`speed_groups`: the rule of section 4, paragraph 2 (spec 2.1).
+* :func:`speed_groups`: the rule of section 4, paragraph 2 (docs/protocols/rnah.md, grouping).
 * :func:`check_groups` / :func:`parse_groups` / :func:`check_groups_fit`: explicit groups, checked
   before training with errors that name the bad value.
 * :class:`GroupController`: flat RNA's controller (:class:`hetsync.protocols.rna.control.Controller`,
@@ -14,7 +14,7 @@ a group, the push/pull and the broadcast) is :mod:`hetsync.protocols.rna.hierarc
   ``sync_every``-th round of its group as a parameter-server round and, in the warm-up of
   ``groups="auto"``, collects the measured step times and applies the rule.
 * :class:`SlotAverage` and :class:`GroupServer`: the central server of section 6, "model averaging":
-  it keeps the latest model pushed by each group and returns their mean (spec rule A).
+  it keeps the latest model pushed by each group and returns their mean (rule A of docs/protocols/rnah.md).
 
 Messages (all through :mod:`hetsync.transport.p2p`):
 
@@ -59,7 +59,7 @@ GROUP_CHANNELS = (REDUCE, RESULT, PARAMS, PARAMS_BACK, BCAST)
 
 # -- the grouping rule (section 4) ------------------------------------------------------------------------
 def speed_groups(times):
-    """Group processes by speed with RNA's rule (section 4, paragraph 2; spec section 2.1).
+    """Group processes by speed with RNA's rule (section 4, paragraph 2; docs/protocols/rnah.md, grouping).
 
     With zeta = max t - min t and v = mean t over a set: if zeta <= v the set is one group; else it is
     split into the faster processes (t <= v, ties go to the faster side) and the slower ones (t > v),
@@ -257,7 +257,7 @@ class GroupController(Controller):
 
 # -- the server (section 6: "the PS only executes the parameter summation, i.e., model averaging") ----------
 class SlotAverage:
-    """The server's rule (spec section 2.2, rule A): one slot per group, the mean of the slots returned.
+    """The server's rule (docs/protocols/rnah.md, the server's rule): one slot per group, the mean of the slots returned.
 
     Every slot starts as x0 (the common model when the groups were formed); a push from group g replaces
     slot g and returns (1/N) sum_h slot_h (summed in float64, returned as float32). So with N groups pushing

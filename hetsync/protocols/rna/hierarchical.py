@@ -2,7 +2,7 @@
 
 Yang, Rang and Cheng, "Mitigating Stragglers in the Decentralized Training on Heterogeneous
 Clusters" (Middleware '20), section 4 (Fig. 5) and section 6; ``docs/protocols/rnah.md``
-resolves the open points (its choices are marked "spec" below). The grouping rule, the group
+resolves the open points (its choices are marked "design" below). The grouping rule, the group
 controller and the server are in :mod:`hetsync.protocols.rna.groups`.
 
 Roles: as for the parameter-server protocols (:mod:`hetsync.protocols.ps.worker`), the last ``servers`` = K
@@ -19,10 +19,10 @@ Each synchronization has three phases (section 4, paragraph 1):
    initiator, which sums them in rank order and sends the sum back, so every member publishes the same
    bits. (horovod process sets would need every rank, servers included, to register each grouping in
    the same order, and dynamic process sets must be switched on for the whole job at ``hvd.init``.)
-2. **Push/pull** on every ``sync_every``-th round of a group (spec: ``ps_every``, default 1 as in
+2. **Push/pull** on every ``sync_every``-th round of a group (design: ``ps_every``, default 1 as in
    section 4): the round's initiator pushes its current parameters (float32 [P], sharded over the K
    servers as the other PS protocols do, memory- or layer-wise) and pulls the servers' average of the
-   groups' latest models (spec rule A, :class:`hetsync.protocols.rna.groups.SlotAverage`).
+   groups' latest models (design rule A, :class:`hetsync.protocols.rna.groups.SlotAverage`).
    Asynchronous across groups: each group talks to the servers on its own.
 3. **Broadcast** in the group: the initiator sends the pulled model to every member and each member
    overwrites its parameters with it (``set_weight``), in the critical section the compute step's
@@ -40,7 +40,7 @@ worker measures its mean step time (wall time of the compiled step, milliseconds
 of section 4 (:func:`hetsync.protocols.rna.groups.speed_groups`: split while max - min > mean). If
 that gives several groups, rank 0 sends the servers the groups and its current model (every slot
 starts from it: x0 of rule A), and announces the groups to every worker; groups are then fixed (the
-paper never regroups; spec 2.1). Workers that finished still take part (they join their new group's
+paper never regroups; design notes, grouping). Workers that finished still take part (they join their new group's
 rounds with the null gradient until it ends); if a worker's training ends before it measured its
 warm-up, no grouping is made. Statistics: the groups and their changes (the round, the measured times, the rule's result),
 PS exchanges per group and per server, the overwrite broadcasts, and flat RNA's statistics per rank.

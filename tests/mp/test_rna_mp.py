@@ -1,0 +1,137 @@
+"""RNA with real 4-rank mpirun / horovodrun jobs: closed-form rounds, a deterministic straggler, clean termination."""
+import json
+
+
+from conftest import launch, read_json
+
+
+
+def check_rounds(r):
+    """Every round's result is the mean of exactly its contributors' constants c_i = i + 1."""
+    ranks = r["ranks"]
+    n = r["n"]
+    by_round = {}
+    for rk in ranks:
+        logs = rk["log"]
+        assert [e["round"] for e in logs] == sorted(e["round"] for e in logs)
+        for e in logs:
+            assert e["w"] in (0.0, 1.0)
+            if e["w"]:
+                assert e["g"] == rk["c"]  # the staleness-weighted mean of a constant is that constant
+                assert e["its"] and e["its"][-1] - e["its"][0] <= 3  # max_staleness
+            else:
+                assert e["g"] == 0.0 and e["its"] == []  # the null gradient
+            by_round.setdefault(e["round"], {})[rk["rank"]] = e
+    assert len(by_round) == r["stats"]["rounds"] > 0
+    for rid, entries in by_round.items():
+        assert sorted(entries) == list(range(n)), f"round {rid} not joined by every rank"
+        contributors = [i for i, e in entries.items() if e["w"] == 1.0]
+        assert contributors, f"round {rid} had no contributor (the initiator always has a gradient)"
+        expected = sum(i + 1 for i in contributors) / len(contributors)
+        for e in entries.values():  # every rank published the same reduced vector
+            assert e["sum_w"] == len(contributors)
+            assert abs(e["sum_wg"] / e["sum_w"] - expected) < 1e-5
+    return by_round
+
+
+def test_rounds_average_exactly_the_contributors_and_a_straggler_contributes_weight_zero(tmp_path):
+    out = tmp_path / "straggler.json"
+    launch(4, ["tests/jobs/rna_check.py", "straggler", str(out)], timeout=240)
+    r = read_json(out)
+    by_round = check_rounds(r)
+    assert [rk["steps_run"] for rk in r["ranks"]] == [100] * 4  # training completed on all ranks
+    missed = sum(1 for entries in by_round.values() if entries[3]["w"] == 0.0)
+    assert missed >= 1  # the 20x slower rank 3 missed rounds: weight 0
+    s = r["stats"]
+    assert s["final_reason"] == "all ranks finished"
+    assert sum(s["initiator_counts"]) == s["rounds"]
+    assert sum(int(k) * v for k, v in s["contributors_histogram"].items()) == sum(
+        sum(1 for e in entries.values() if e["w"]) for entries in by_round.values())
+    # every written gradient is accounted for: taken into a round, dropped by the bound, or left at the end
+    for pr in s["per_rank"]:
+        assert pr["written"] == pr["steps"] == 100
+        assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+    assert s["dropped_gradients"] == sum(pr["dropped"] for pr in s["per_rank"])
+    assert sum(s["staleness_histogram"]) == sum(pr["taken"] for pr in s["per_rank"])
+    assert len(set(rk["w_final"] for rk in r["ranks"])) == 1  # average_at_end: one final model
+    assert s["drift_before_final_average"] > 0.0
+
+
+def test_ranks_with_different_step_counts_end_cleanly(tmp_path):
+    out = tmp_path / "uneven.json"
+    launch(4, ["tests/jobs/rna_check.py", "uneven", str(out)], timeout=240)
+    r = read_json(out)
+    check_rounds(r)
+    s = r["stats"]
+    assert [rk["steps_run"] for rk in r["ranks"]] == [40, 80, 120, 160]
+    assert s["final_reason"] == "all ranks finished"
+    assert s["done_steps"] == {"0": 40, "1": 80, "2": 120, "3": 160}
+    for pr in s["per_rank"]:
+        assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+
+
+def test_a_rank_that_stops_stepping_does_not_hang_the_others(tmp_path):
+    out = tmp_path / "stall.json"
+    proc = launch(4, ["tests/jobs/rna_check.py", "stall", str(out)], timeout=240)
+    r = read_json(out)
+    check_rounds(r)
+    s = r["stats"]
+    assert "ranks [2] did not finish within finish_timeout_s=3 s" in s["final_reason"]
+    assert "ranks [2] did not finish within finish_timeout_s=3 s" in proc.stderr + proc.stdout
+    assert [rk["steps_run"] for rk in r["ranks"]] == [60] * 4
+    stalled = s["per_rank"][2]
+    # rank 2 trained its last 50 steps after the final round (it waited for it): counted, never silent
+    assert stalled["written"] - stalled["taken"] >= 50
+    assert stalled["written"] == stalled["taken"] + stalled["dropped"] + stalled["undrained_at_end"]
+    assert s["unsynchronized_gradients"] >= 50
+    # nobody waited for timeout_s (30 s) on top of the stall, let alone horovod's stall shutdown
+    assert r["ranks"][0]["wall_s"] < 60.0
+
+
+def test_a_rank_whose_thread_does_not_end_makes_every_rank_fail_the_same_way_after_the_gather(tmp_path):
+    """Rank 1's communication thread outlives its 16 s join budget: stop() records that, the statistics
+    are still gathered from every rank, and every rank raises the same RNAError naming rank 1, within
+    the budget (not after horovod's stall shutdown, 120 s in the tests)."""
+    out = tmp_path / "stuck.json"
+    launch(4, ["tests/jobs/rna_check.py", "stuck", str(out)], timeout=240)
+    r = read_json(out)
+    errors = {rk["error"] for rk in r["ranks"]}
+    assert len(errors) == 1 and None not in errors, errors  # the same error on every rank
+    (error,) = errors
+    assert error.startswith("RNA failed on rank(s) 1: rank 1: RNA communication thread did not end within 16 s")
+    budget = 2.0 + 4.0 + 10.0
+    stops = [rk["stop_s"] for rk in r["ranks"]]
+    assert stops[1] >= budget  # rank 1 waited its whole join budget
+    assert max(stops) < budget + 30.0, stops  # and nobody waited much longer
+    s = r["stats"]  # gathered before the error was raised
+    assert [pr["rank"] for pr in s["per_rank"]] == [0, 1, 2, 3]
+    assert [pr["error"] is not None for pr in s["per_rank"]] == [False, True, False, False]
+    assert s["final_reason"] == "all ranks finished"
+    for pr in s["per_rank"]:
+        assert pr["steps"] == pr["written"] == 30
+        assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+    assert "drift_before_final_average" not in s  # no final average after a failure
+
+
+def test_rna_trains_digits_under_random_slowdown_with_statistics(tmp_path):
+    launch(4, ["examples/keras_digits.py", "--protocol", "rna", "--epochs", "8", "--lr", "0.2", "--quiet",
+               "--slowdown", "random:6", "--out", str(tmp_path), "--protocol-arg", "probes=2"],
+           launcher="horovodrun-mpi", timeout=300)
+    s = read_json(tmp_path / "summary.json")
+    assert s["protocol"] == "rna" and s["protocol_config"]["probes"] == 2
+    assert s["final_test_accuracy"] >= 0.85
+    assert s["weights_in_sync"] is True  # average_at_end
+    st = s["stats"]
+    for key in ("rounds", "contributors_histogram", "initiator_counts", "probe_response_ms", "staleness_histogram",
+                "dropped_gradients", "drift_max", "drift_before_final_average"):
+        assert key in st, key
+    assert st["rounds"] > 10 and len(st["initiator_counts"]) == 4
+    rec = json.loads(open(tmp_path / "rank1.jsonl").readline())
+    assert {"rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_drift"} <= set(rec)
+
+
+def test_rna_refused_under_gloo_before_training(tmp_path):
+    proc = launch(2, ["examples/keras_digits.py", "--protocol", "rna", "--epochs", "1", "--quiet", "--out",
+                      str(tmp_path)], launcher="horovodrun-gloo", timeout=120, check=False)
+    assert proc.returncode != 0
+    assert "needs MPI point-to-point messaging" in proc.stdout + proc.stderr

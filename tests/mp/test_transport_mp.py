@@ -1,0 +1,35 @@
+"""The point-to-point dispatcher between real ranks (mpirun): channels, tags, any-source receives,
+drain accounting, a timeout naming the peer, two threads at once, the counted shutdown."""
+import pytest
+
+from conftest import launch, read_json
+
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_dispatcher_between_ranks(np_, tmp_path):
+    out = tmp_path / "p2p.json"
+    launch(np_, ["tests/jobs/p2p_check.py", str(out)], timeout=240)
+    r = read_json(out)
+    n = r["n"]
+    assert n == np_ and [q["rank"] for q in r["ranks"]] == list(range(n))
+    for q in r["ranks"]:
+        rank, nxt, prv = q["rank"], (q["rank"] + 1) % n, (q["rank"] - 1) % n
+        assert q["ring"] == [{"from": prv, "i": i} for i in reversed(range(10))]  # selected by source and tag
+        assert q["all"] == [[s, s * 100 + rank] for s in range(n)]  # one from every rank, itself included
+        assert q["drain_read"] == [[nxt, 0], [nxt, 1]]  # per source, in the order sent
+        assert q["drain_discarded"] == 2 * n - 2  # what was never read, counted
+        assert q["drain_after"] == sorted([["after", s] for s in range(n)])  # sent after the drain: kept
+        assert q["pp_errors"] == [] and not q["pp_alive"]  # a second thread on the same dispatcher
+        st = q["shutdown"]["channels"]
+        assert st["ring"] == {"sent": 10, "received": 10, "read": 10, "discarded": 0, "undelivered": 0}
+        assert st["all"] == {"sent": n, "received": n, "read": n, "discarded": 0, "undelivered": 0}
+        assert st["drain"] == {"sent": 3 * n, "received": 3 * n, "read": 2 + n, "discarded": 2 * n - 2,
+                               "undelivered": 0}
+        assert st["pp"]["sent"] == st["pp"]["read"] == 200
+        assert q["shutdown"]["unread_messages"] == {"left": 1} and q["shutdown"]["undelivered_sends"] == 0
+        assert q["shutdown"]["thread_stopped"]
+    miss = r["ranks"][0]
+    assert miss["miss"] == ("rank 0: timed out after 0.5 s waiting for a message on channel 'miss' from rank 1 "
+                            "with tag 'x'")
+    assert 0.5 <= miss["miss_s"] < 10.0

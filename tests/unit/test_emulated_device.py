@@ -1,0 +1,86 @@
+"""The emulated device (scenario ``device:MS``): parser, the delay op's padding, step times, overruns."""
+import time
+import pytest
+import tensorflow as tf
+from hetsync import ops
+from hetsync.emulation import scenario as sd
+
+
+def test_device_parses_and_combines():
+    s = sd.parse_spec("device:40+random:6")
+    assert s.device_ms == 40.0
+    assert s.components == (sd.Device(40.0), sd.RandomSlowdown(6.0))
+    assert sd.parse_spec("random:6").device_ms is None
+    # the other parts keep their meaning relative to the device time: E[K] MS + E[extra]
+    assert s.expected_step_ms(0, 4) == pytest.approx((1 + 5 / 4) * 40)
+    u = sd.parse_spec("device:30+uniform:0:50+speeds:1,0.5")
+    assert u.expected_step_ms(0, 2) == pytest.approx(30 + 25)
+    assert u.expected_step_ms(1, 2) == pytest.approx(2 * 30 + 25)
+    # time scales with the samples of the step (task allocation's micro-batches)
+    assert u.expected_step_ms(1, 2, samples=8, batch_size=32) == pytest.approx(2 * 30 * 8 / 32 + 25)
+    with pytest.raises(ValueError, match="no device:MS part"):
+        sd.parse_spec("random:6").expected_step_ms(0, 4)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("device:0", r"MS \(milliseconds per step of the run's batch size\) must be > 0, got '0'"),
+    ("device:-5", "must be > 0, got '-5'"),
+    ("device:abc", "must be a number, got 'abc'"),
+    ("device:nan", "got 'nan'"),
+    ("device", "takes 1 argument"),
+    ("device:40:2", "takes 1 argument"),
+    ("device:40+device:30", "more than one device:MS part"),
+])
+def test_bad_device_specs_name_the_value(spec, message):
+    with pytest.raises(ValueError, match=message):
+        sd.parse_spec(spec)
+
+
+def test_slowdown_callback_scales_device_time_by_the_step_samples():
+    from hetsync.callbacks import Slowdown
+
+    class FakeProtocol:
+        batch_size = 32
+
+        def step_samples(self, batch):
+            return [32, 8, 64][batch]
+
+    cb = Slowdown("device:40", seed=0, rank=0, world_size=1)
+    cb._protocol = FakeProtocol()
+    assert [cb.device_ms(b) for b in range(3)] == [40.0, 10.0, 80.0]
+    cb._protocol = None  # data not from a protocol: one step = one batch
+    assert cb.device_ms(1) == 40.0
+    assert Slowdown("random:6", seed=0, rank=0, world_size=1).device_ms(0) == 0.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 6.0])
+def test_delay_op_pads_the_step_to_factor_times_device_time(factor):
+    """The step lasts K x MS + extra from its start to the op's output, within 5%. Scheduling noise on a
+    loaded machine only adds time, so the shortest of five calls measures the op's padding; none may
+    end early (the op never shortens a step)."""
+    @tf.function
+    def step(x, control):
+        (y,), delay_ms, compute_ms = ops.delay([tf.reduce_sum(tf.matmul(x, x))], control)
+        return y, delay_ms, compute_ms
+
+    x = tf.random.normal([64, 64])
+    step(x, tf.constant([0.0, 1.0, 0.0, 0.0], tf.float64))  # trace
+    device_ms, extra_ms = 50.0, 5.0
+    target = factor * device_ms + extra_ms
+    elapsed = []
+    for _ in range(5):
+        start = time.time()
+        _, delay_ms, compute_ms = step(x, tf.constant([start, factor, extra_ms, device_ms], tf.float64))
+        elapsed.append((time.time() - start) * 1e3)
+        assert float(delay_ms) == pytest.approx(target - float(compute_ms), abs=1e-6)
+    assert min(elapsed) >= target - 0.5, elapsed
+    assert min(elapsed) == pytest.approx(target, rel=0.05), elapsed
+
+
+def test_delay_op_never_shortens_an_overrun_step():
+    start = time.time() - 0.050  # the step's compute already took 50 ms
+    _, delay_ms, compute_ms = ops.delay([tf.ones([2])], [start, 1.0, 0.0, 10.0])
+    assert float(compute_ms) >= 50.0
+    assert float(delay_ms) == 0.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="device_ms must be a finite number >= 0"):
+        ops.delay([tf.ones([1])], [0.0, 1.0, 0.0, -1.0])
