@@ -1,4 +1,5 @@
 """Shared test helpers: launching real multi-process runs with mpirun / horovodrun."""
+import fnmatch
 import json
 import os
 import signal
@@ -176,6 +177,60 @@ def _tier(item):
     return ""
 
 
+#: Launching tests that only `make test-full` runs (marked ``slow`` here, in one place, so the quick tier's budget
+#: is visible): matrices over protocols whose every protocol keeps a launch in the quick tier elsewhere, second
+#: cases of one mechanism, the benchmark preset, the soak sample and long convergence runs. The quick tier keeps
+#: at least one launch per protocol and per mechanism (faults, pool, checkpoint, non-finite, user script, Gloo).
+#: fnmatch patterns over node IDs.
+SLOW_TESTS = (
+    # a killed rank: one case per kind of rank in the quick tier (a worker, rank 0, a parameter server, Gloo)
+    "tests/mp/test_dead_peer_mp.py::*[[]*-kill1-mpirun]",
+    "tests/mp/test_dead_peer_mp.py::*[[]ssp-kill0-mpirun]",
+    "tests/mp/test_dead_peer_mp.py::*[[]rnah-kill2-mpirun]",
+    "tests/mp/test_dead_peer_mp.py::*[[]rna-kill1-horovodrun-mpi]",
+    "tests/mp/test_dead_peer_mp.py::*[[]localsgd-kill1-horovodrun-gloo]",
+    "tests/mp/test_dead_peer_mp.py::*[[]bsp-kill1-horovodrun-gloo]",
+    # the user's convnet: BSP (checkpoints, TensorBoard) and RNA in the quick tier; every protocol in the full one
+    "tests/e2e/test_user_scripts_mp.py::test_every_protocol_trains_the_ported_convnet_*[[][!br]*]",
+    "tests/e2e/test_user_scripts_mp.py::test_every_protocol_trains_the_ported_convnet_*[[]rnah]",
+    "tests/e2e/test_user_scripts_mp.py::test_mixed_bfloat16_*[[]rna-4]",
+    "tests/e2e/test_user_scripts_mp.py::test_step_by_step_protocols_refuse_*[[]hop]",
+    "tests/e2e/test_user_scripts_mp.py::test_step_by_step_protocols_refuse_*[[]asp]",
+    "tests/e2e/test_user_scripts_mp.py::test_keras_applications_reports_images_per_second[[]ResNet50-*]",
+    "tests/e2e/test_example_validation.py::*[[]args[0-3]-*]",
+    "tests/e2e/test_bench_preset.py::*",
+    "tests/e2e/test_soak_sample.py::test_a_small_soak_sample_*",
+    # second cases of one mechanism
+    "tests/mp/test_bench_launch_mp.py::test_solo_measurement_*",
+    "tests/mp/test_bsp_mp.py::test_bsp_trains_digits_to_90_percent_with_identical_weights[[]4]",
+    "tests/mp/test_bsp_mp.py::test_slowdown_really_slows_the_named_rank",
+    "tests/mp/test_checkpoint_mp.py::*[[]localsgd-*]",
+    "tests/mp/test_checkpoint_mp.py::*[[]rna-*]",
+    "tests/mp/test_emulated_device_mp.py::test_no_device_part_keeps_todays_behaviour",
+    "tests/mp/test_faults_mp.py::test_pause_and_stall_fire_and_the_run_completes[[]stall]",
+    "tests/mp/test_faults_mp.py::test_a_stall_of_a_parameter_server_is_refused",
+    "tests/mp/test_hop_mp.py::test_hop_trains_digits_on_four_ranks_with_backup_workers",
+    "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]localsgd-*]",
+    "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]asp-*]",
+    "tests/mp/test_nonfinite_mp.py::test_batchnorm_statistics_*[[]selsync-*]",
+    "tests/mp/test_nonfinite_mp.py::test_batchnorm_statistics_*[[]rnah-*]",
+    "tests/mp/test_nonfinite_mp.py::test_diverging_rna_run_of_the_example_*",
+    "tests/mp/test_pool_mp.py::test_parameter_server_workers_draw_from_the_pool[[][!a]*]",
+    "tests/mp/test_pool_mp.py::test_periodic_averaging_joins_the_same_rounds_on_every_rank[[]fedavg-*]",
+    "tests/mp/test_pool_mp.py::test_rna_fixed_shares_remain_available",
+    "tests/mp/test_ps_mp.py::test_example_script_unchanged_with_ensemble_reports_both_accuracies",
+    "tests/mp/test_ps_mp.py::test_a_stalled_worker_is_named_by_the_server_which_tells_the_others",
+    "tests/mp/test_rna_mp.py::test_ranks_with_different_step_counts_end_cleanly",
+    "tests/mp/test_rnah_mp.py::test_auto_groups_split_the_slow_worker_off_after_the_warm_up",
+    "tests/mp/test_selsync_mp.py::test_huge_delta_never_synchronizes_after_the_first_step",
+    "tests/mp/test_selsync_mp.py::test_noniid_injection_end_to_end_with_the_example",
+    "tests/mp/test_selsync_mp.py::test_parameters_are_averaged_once_at_train_end",
+    "tests/mp/test_taskalloc_mp.py::test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch",
+    "tests/mp/test_taskalloc_mp.py::test_adaptive_allocation_from_a_users_tf_data_pipeline",
+    "tests/mp/test_transport_mp.py::test_dispatcher_between_ranks[[]4]",
+)
+
+
 def pytest_itemcollected(item):
     """Mark by folder, as each test is collected: tests/mp and tests/e2e are ``mpi`` (e2e also ``e2e``) and get a
     900 s timeout unless they set their own. (``make test`` runs them in their own pytest process, one at a time,
@@ -183,6 +238,9 @@ def pytest_itemcollected(item):
     marks = TIER_MARKS.get(_tier(item))
     if not marks:
         return
+    nodeid = "tests/" + item.nodeid.split("tests/", 1)[-1]
+    if any(fnmatch.fnmatchcase(nodeid, pattern) for pattern in SLOW_TESTS):
+        item.add_marker(pytest.mark.slow)
     for name in marks:
         item.add_marker(getattr(pytest.mark, name))
     if item.get_closest_marker("timeout") is None:
