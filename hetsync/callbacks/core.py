@@ -13,6 +13,7 @@ import numpy as np
 from hetsync import transport
 from hetsync import world
 from hetsync.core.wrapper import protocol_of
+from hetsync.errors import NONFINITE_MARK, NonFiniteError
 
 __all__ = ["BroadcastInitialVariables", "ProtocolHooks",
            "on_rank0", "standard"]
@@ -65,10 +66,16 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
 
 
 class ProtocolHooks(keras.callbacks.Callback):
-    """Start and stop a protocol's communication thread around ``model.fit``.
+    """Forward Keras' training events to a protocol's hook set, and run its life cycle around ``model.fit``.
+
+    At train begin it checks the set-up (:meth:`hetsync.core.protocol.Protocol.check_fit`) and
+    starts the protocol (:meth:`~hetsync.core.protocol.Protocol.start`); at train end it stops it.
+    In between every Keras event goes to the protocol hook of the same name
+    (``on_train_begin``, ``on_epoch_begin``, ``on_train_batch_begin``, ``on_train_batch_end``,
+    ``on_epoch_end``, ``on_train_end``); a ``True`` from ``on_train_batch_end`` stops training.
 
     Also stops training on a non-finite loss: after a step whose ``loss`` log is NaN or
-    inf it raises :class:`hetsync.core.protocol.NonFiniteError` naming the rank and the step (the
+    inf it raises :class:`hetsync.errors.NonFiniteError` naming the rank and the step (the
     loss of a step is Keras' running mean, so a non-finite one stays non-finite for the epoch).
 
     Args:
@@ -85,20 +92,31 @@ class ProtocolHooks(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.protocol.check_fit(self.model)
         self.protocol.start()
+        self.protocol.on_train_begin(self.model, dict(self.params or {}))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.protocol.on_epoch_begin(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.protocol.on_train_batch_begin(batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        """Stop on a non-finite loss (a non-finite gradient already stopped the step)."""
+        """Stop on a non-finite loss (a non-finite gradient already stopped the step), then the hook."""
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(float(loss)):
-            from hetsync.core.protocol import NONFINITE_MARK, NonFiniteError
-
             raise NonFiniteError(f"{NONFINITE_MARK}: non-finite loss {float(loss)} on rank {world.rank()} at step "
                                  f"{int(self.protocol.optimizer.iterations.numpy()) - 1} (protocol "
                                  f"{self.protocol.display_name}), training stops")
+        if self.protocol.on_train_batch_end(batch, logs if logs is not None else {}):
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.protocol.on_epoch_end(epoch, logs if logs is not None else {})
 
     def on_train_end(self, logs=None):
         self.model._hetsync_broadcast_done = False
         self.protocol.stop()
+        self.protocol.on_train_end(self.model)
         # then what must wait until every rank has stopped (hetsync.callbacks.checkpoint.BackupAndRestore's deletion)
         for fn in getattr(self.model, "_hetsync_after_train", []):
             fn()

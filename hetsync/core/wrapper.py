@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from hetsync import world
+from hetsync.core import step
 
 __all__ = ["wrap", "protocol_of", "protocol_wrapper", "wrapped_class", "load_model", "PROTOCOL_CLASSES"]
 
@@ -88,7 +89,7 @@ class _ProtocolOptimizer:
         else:
             def local_apply(g, v):
                 return base_apply(g, v)
-        return self.hetsync_protocol._step(grads, variables, local_apply)
+        return step.run(self.hetsync_protocol, grads, variables, local_apply)
 
     def get_config(self):
         config = super().get_config()

@@ -2,7 +2,8 @@
 
 * :mod:`hetsync.data.datasets`: scikit-learn's digits and MNIST-format (IDX) files, ``shard``;
 * :mod:`hetsync.data.shards`: samplers and Keras datasets over a rank's share;
-* :mod:`hetsync.data.pool`: the epoch's sample pool (faster ranks take more batches).
+* :mod:`hetsync.data.pool`: the epoch's sample pool (faster ranks take more batches);
+* :mod:`hetsync.data.plan`: data plans as values (:class:`hetsync.data.plan.DataPlan`, the shard, server and ``tf.data`` plans).
 
 The names below are the public face (``hetsync.data.load(...)``).
 """

@@ -19,7 +19,7 @@ Design
   channel :data:`REPLY`, tagged with the request's sequence number.
 * :class:`PoolClient`: every rank (the server rank too, through messages to itself) asks for its
   next batch with a timeout (:class:`PoolError` names the rank, the server and the epoch).
-* :func:`fit_data`: the ``model.fit`` arguments. The batches reach Keras through a
+* :func:`plan`: the data plan (``model.fit`` arguments). The batches reach Keras through a
   ``tf.data.Dataset.from_generator`` (explicit output signature, so Keras never peeks a batch, and
   no prefetch: a batch is claimed only when the training step takes it, so every claimed batch is
   trained on). Keras 3.15 infers an unknown epoch length from the first epoch and would cut later,
@@ -48,7 +48,7 @@ import warnings
 import numpy as np
 from hetsync.errors import PoolError
 
-__all__ = ["PoolState", "PoolServer", "PoolClient", "PoolError", "epoch_order", "fit_data", "REQUEST", "REPLY",
+__all__ = ["PoolState", "PoolServer", "PoolClient", "PoolError", "epoch_order", "plan", "REQUEST", "REPLY",
            "DATA_PLANS", "DEFAULT_TIMEOUT_S", "check_data_plan"]
 
 #: channel of requests (``("claim", epoch, seq)``, ``("confirm", epoch, indices)``) to the pool server.
@@ -298,7 +298,7 @@ class PoolClient:
         epochs: list of dicts ``{"epoch", "samples", "batches"}``, one per completed epoch.
         progress: ``(epoch, batches handed out in it so far)`` from the latest reply (global progress,
             over all ranks), ``(0, 0)`` before the first.
-        batches_per_epoch: int B, batches in every epoch (set by :func:`fit_data`), or None.
+        batches_per_epoch: int B, batches in every epoch (set by :func:`plan`), or None.
     """
 
     def __init__(self, dispatcher, server, timeout_s=DEFAULT_TIMEOUT_S):
@@ -314,6 +314,13 @@ class PoolClient:
         self.batch_progress = collections.deque()
         self._received = []
         self.epochs = []
+        #: samples this rank drew in the last epoch that ended (int; 0 before the first).
+        self.samples_last_epoch = 0
+
+    def track_batches(self):
+        """From now on, record the global progress ``(epoch, handed)`` of every batch handed out
+        (:attr:`batch_progress`, oldest first; the consumer pops one per step it ran)."""
+        self.track_progress = True
 
     def claim(self):
         """Return the next batch's indices (int64 array) of the current epoch, or None if it is empty.
@@ -350,6 +357,7 @@ class PoolClient:
         got = np.concatenate(self._received) if self._received else np.zeros(0, np.int64)
         self.dispatcher.send(self.server, REQUEST, ("confirm", self.epoch, got))
         self.epochs.append({"epoch": self.epoch, "samples": int(len(got)), "batches": len(self._received)})
+        self.samples_last_epoch = int(len(got))
         self._received = []
         self.epoch += 1
         return int(len(got))
@@ -374,62 +382,60 @@ def _pool_adapter(dataset, max_batches):
     return _PoolAdapter(dataset)
 
 
-def fit_data(protocol, x, y, batch_size, seed=0, server=0, ranks=None, timeout_s=DEFAULT_TIMEOUT_S):
-    """``model.fit`` arguments drawing this rank's batches from the epoch's sample pool.
+def plan(x, y, batch_size, seed=0, server=0, ranks=None, timeout_s=DEFAULT_TIMEOUT_S, name="pool"):
+    """The data plan drawing this rank's batches from the epoch's sample pool.
 
     Collective: every rank in ``ranks`` calls it (it creates the dispatcher on first use); the
-    ``server`` rank also starts serving. Sets ``protocol.batch_size``, ``protocol.pool`` (the
-    :class:`PoolClient`), ``protocol.pool_server`` (the :class:`PoolServer` or None) and, at the end
-    of each epoch, ``protocol.samples_per_epoch`` (the samples this rank drew in that epoch).
+    ``server`` rank also starts serving. The returned plan carries the :class:`PoolClient` (its
+    ``samples_last_epoch`` is the samples this rank drew in the epoch that ended) and, on the
+    serving rank, the :class:`PoolServer`; a protocol adopting a second plan closes the first's server.
 
     Args:
-        protocol: the :class:`hetsync.protocols.Protocol`. x: array [N, ...]. y: array [N].
-        batch_size: int b >= 1 samples per step (at most N). seed: int >= 0, seeds each epoch's
-        permutation. server: int rank serving the pool. ranks: list of int ranks drawing from it
-        (None: every rank). timeout_s: float seconds a rank waits for a reply.
+        x: array [N, ...]. y: array [N]. batch_size: int b >= 1 samples per step (at most N).
+        seed: int >= 0, seeds each epoch's permutation. server: int rank serving the pool.
+        ranks: list of int ranks drawing from it (None: every rank). timeout_s: float seconds a
+        rank waits for a reply. name: str, the protocol's name (for messages).
 
     Returns:
-        dict ``{"x": adapter}`` for ``model.fit`` (no ``steps_per_epoch``: epochs end when the pool is empty).
+        :class:`hetsync.data.plan.DataPlan` with ``x`` (a Keras data adapter; no
+        ``steps_per_epoch``: epochs end when the pool is empty), ``batch_size``,
+        ``samples_per_epoch=0`` (known per epoch), ``pool`` and ``pool_server``.
 
     Raises:
-        ValueError: bad ``batch_size`` (not an int in [1, N]), ``seed``, lengths of ``x`` and ``y`` differ.
+        ValueError: bad ``batch_size`` (not an int in [1, N]), lengths of ``x`` and ``y`` differ.
     """
     import tensorflow as tf
 
     from hetsync import transport
     from hetsync import world
+    from hetsync.data.plan import DataPlan, check_batch_size
 
     n = len(x)
     if len(y) != n:
         raise ValueError(f"pool: x has {n} samples but y has {len(y)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= n:
-        raise ValueError(f"{protocol.name}: batch_size must be an int in [1, {n}] (samples per step), got {batch_size!r}")
+    b = check_batch_size(batch_size, name, upper=n)
     ranks = list(range(world.size())) if ranks is None else list(ranks)
     d = transport.dispatcher()
-    state = PoolState(n, int(batch_size), ranks, seed=seed)
-    if getattr(protocol, "pool_server", None) is not None:  # a second fit_data: a new pool replaces the old
-        protocol.pool_server.close()
-    protocol.pool_server = PoolServer(d, state) if d.rank == server else None
+    state = PoolState(n, b, ranks, seed=seed)
+    pool_server = PoolServer(d, state) if d.rank == server else None
     client = PoolClient(d, server, timeout_s)
     client.batches_per_epoch = state.batches_per_epoch
-    protocol.pool = client
-    protocol.batch_size = int(batch_size)
-    protocol.samples_per_epoch = 0
     x, y = np.asarray(x), np.asarray(y)
 
     def generate():
         while True:
             idx = client.claim()
             if idx is None:
-                protocol.samples_per_epoch = client.end_epoch()
+                client.end_epoch()
                 return
             yield x[idx], y[idx]
 
     signature = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)),
                  tf.TensorSpec((None,) + y.shape[1:], tf.as_dtype(y.dtype)))
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    max_batches = -(-n // int(batch_size)) + 1
-    return {"x": _pool_adapter(dataset, max_batches)}
+    max_batches = -(-n // b) + 1
+    return DataPlan({"x": _pool_adapter(dataset, max_batches)}, batch_size=b, samples_per_epoch=0, pool=client,
+                    pool_server=pool_server)
 
 
 def summary(protocol, timeout_s=10.0):

@@ -431,21 +431,27 @@ class InjectionDataset(BatchDataset):
 
 
 def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):
-    """Return this rank's ``model.fit`` data kwargs for any protocol under a partition spec.
+    """Return this rank's data plan for any protocol under a partition spec.
 
     ``"iid"`` calls ``protocol.fit_data(x, y, batch_size, seed)`` (DefDP, SelDP, ...).
-    Data go to the workers only (:func:`hetsync.world.num_workers`); a parameter-server rank gets
+    Data go to the workers only (``protocol.roles.num_workers``); a parameter-server rank gets
     ``protocol.server_fit_data``. ``"label-skew:K"`` gives worker n the samples of :func:`label_skew` ``(y, N, K, seed)[0][n]``
     and calls ``protocol.fit_local_data`` if the protocol has it (SelSync: data injection),
-    else a plain per-epoch shuffled ``(x, y, batch_size)``; ``protocol.samples_per_epoch`` is set.
+    else a plain per-epoch shuffled ``(x, y, batch_size)`` plan that the protocol adopts
+    (``protocol.adopt``: its samples per epoch and batch size).
 
     Args:
         protocol: a :class:`hetsync.protocols.Protocol`. x: array [M, ...]. y: int array [M].
         batch_size: int b. seed: int. partition: str spec (see :func:`parse_partition`).
 
+    Returns:
+        :class:`hetsync.data.plan.DataPlan` (a mapping of ``model.fit`` keyword arguments).
+
     Raises:
         ValueError: bad partition spec or k.
     """
+    from hetsync.data.plan import DataPlan
+
     k = parse_partition(partition)
     if k is None:
         return protocol.fit_data(x, y, batch_size, seed=seed)
@@ -456,6 +462,5 @@ def local_fit_data(protocol, x, y, batch_size, seed=0, partition="iid"):
     mine = parts[protocol.roles.worker_rank]
     if hasattr(protocol, "fit_local_data"):
         return protocol.fit_local_data(x[mine], y[mine], batch_size, seed=seed)
-    protocol.samples_per_epoch = len(mine)
-    protocol.batch_size = int(batch_size)
-    return {"x": x[mine], "y": y[mine], "batch_size": batch_size, "shuffle": True}
+    return protocol.adopt(DataPlan({"x": x[mine], "y": y[mine], "batch_size": batch_size, "shuffle": True},
+                                   batch_size=int(batch_size), samples_per_epoch=len(mine)))

@@ -11,7 +11,6 @@ replicas are identical after each aggregation.
 import dataclasses
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -61,10 +60,21 @@ class FedAvgProtocol(PeriodicAveragingProtocol):
         with tf.init_scope():
             self._steps_per_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_fedavg_spe")
 
-    def callbacks(self):
-        """FedAvg's callback reading the steps per epoch at train begin (fixed shares), and the pool's
-        rounds (:class:`hetsync.protocols.local.periodic.PoolRounds`)."""
-        return [_StepsPerEpoch(self)] + super().callbacks()
+    def on_train_begin(self, model, params):
+        """Read the steps per epoch S (Keras' ``params['steps']``) that place the aggregations, on
+        fixed shares; on the sample pool the rounds follow the pool's progress (the base class).
+
+        Raises:
+            ValueError: the number of steps per epoch is unknown (fixed shares).
+        """
+        super().on_train_begin(model, params)
+        if self.pool is not None:
+            return
+        steps = params.get("steps")
+        if not steps:
+            raise ValueError("FedAvg needs a known number of steps per epoch (model.fit with sized data or "
+                             "steps_per_epoch) to place syncs_per_epoch aggregations at uniform intervals")
+        self._steps_per_epoch.assign(int(steps))
 
     def pool_rounds(self, epoch, batches, ranks):
         """Aggregations in pool epoch e: floor((e + 1) s) - floor(e s) (s = syncs_per_epoch)."""
@@ -110,23 +120,6 @@ class FedAvgProtocol(PeriodicAveragingProtocol):
         order = tf.argsort(keys)  # identical on every rank: same seed, same op
         chosen = order[: self.participants]
         return tf.cast(tf.reduce_any(tf.equal(chosen, world.rank())), tf.float32)
-
-
-class _StepsPerEpoch(keras.callbacks.Callback):
-    """Tell FedAvg how many steps an epoch has (Keras' ``params['steps']``) before training."""
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_begin(self, logs=None):
-        if self.protocol.pool is not None:  # on the pool the rounds follow the pool's progress (PoolRounds)
-            return
-        steps = self.params.get("steps")
-        if not steps:
-            raise ValueError("FedAvg needs a known number of steps per epoch (model.fit with sized data or "
-                             "steps_per_epoch) to place syncs_per_epoch aggregations at uniform intervals")
-        self.protocol._steps_per_epoch.assign(int(steps))
 
 
 FedAvg = protocol_wrapper(FedAvgProtocol, """Wrap a Keras 3 optimizer for FedAvg (C, E): local SGD, averaging among a random fraction C.

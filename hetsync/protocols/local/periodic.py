@@ -12,13 +12,12 @@ average is a horovod collective that every rank must join equally often. The rou
 scheduled by the pool's *global* progress instead of the local step count: epoch e has
 R_e = :meth:`PeriodicAveragingProtocol.pool_rounds` rounds; round k (1..R_e) is due once k B / R_e
 of the epoch's B batches were handed out (over all ranks; every pool reply carries that count). A
-rank joins the rounds that became due right after its step (:class:`PoolRounds`, one eager
+rank joins the rounds that became due right after its step (the protocol's ``on_train_batch_end`` hook, one eager
 averaged allreduce each, the same name on every rank, in order) and, when its epoch ends (pool
 empty), the epoch's remaining rounds. So every rank joins exactly sum_e R_e rounds. A round is a
 barrier: a paused or slow rank delays the next round for everyone (work is still conserved
 between rounds: fast ranks take more batches).
 """
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -69,9 +68,46 @@ class PeriodicAveragingProtocol(Protocol):
         """
         raise NotImplementedError
 
-    def callbacks(self):
-        """:class:`PoolRounds` when the data come from the pool (it does nothing otherwise)."""
-        return [PoolRounds(self)]
+    # -- the pool's rounds (hook set): joined between steps, by the pool's global progress ------------
+    def on_train_begin(self, model, params):
+        """On the sample pool: track the progress of every batch handed out, and start counting rounds."""
+        if self.pool is not None:
+            self.pool.track_batches()
+        self._rounds_joined = 0
+        self._epoch_base = {0: 0}  # epoch -> rounds of the epochs before it
+
+    def _rounds_before(self, epoch):
+        client = self.pool
+        while epoch not in self._epoch_base:
+            last = max(self._epoch_base)
+            self._epoch_base[last + 1] = self._epoch_base[last] + self.pool_rounds(
+                last, client.batches_per_epoch, self.roles.num_workers)
+        return self._epoch_base[epoch]
+
+    def _join_until(self, target):
+        while self._rounds_joined < target:
+            self._rounds_joined += 1
+            self.join_pool_round(self._rounds_joined)
+
+    def on_train_batch_end(self, batch, logs):
+        """On the sample pool: join every round due by the progress when this step's batch was claimed."""
+        client = self.pool
+        if client is None or not client.batch_progress:
+            return
+        # the progress when *this step's* batch was claimed (Keras may have pulled the next one already)
+        epoch, handed = client.batch_progress.popleft()
+        b = client.batches_per_epoch
+        r = self.pool_rounds(epoch, b, self.roles.num_workers)
+        due = int(np.floor(handed * r / b + 1e-9)) if r else 0
+        self._join_until(self._rounds_before(epoch) + due)
+
+    def on_epoch_end(self, epoch, logs):
+        """On the sample pool: join the rest of the epoch's rounds (every batch handed out was trained on)."""
+        client = self.pool
+        if client is None:
+            return
+        client.batch_progress.clear()
+        self._join_until(self._rounds_before(len(client.epochs)))
 
     def join_pool_round(self, round_id):
         """Join pool round ``round_id`` (eagerly, after a step or at epoch end): the (masked) average
@@ -85,7 +121,7 @@ class PeriodicAveragingProtocol(Protocol):
         """The local step, then (when :meth:`should_sync`) the average of the parameters."""
         result = local_apply(grads, variables)
         step = self._global_step.read_value()
-        # on the pool, PoolRounds averages between steps instead
+        # on the pool, on_train_batch_end averages between steps instead
         synced = tf.constant(False) if self.pool is not None else self.should_sync(step)
         nbytes = float(payload_bytes([tf.convert_to_tensor(v.value) for v in variables]))
         weight = self.participation(step)
@@ -111,57 +147,3 @@ class PeriodicAveragingProtocol(Protocol):
             out["pool_rounds"] = int(self._stats["pool_rounds"].numpy())
             out["pool"] = pool.summary(self)
         return out
-
-
-class PoolRounds(keras.callbacks.Callback):
-    """Join the averaging rounds scheduled by the pool's global progress (see the module notes).
-
-    After each step: join every round due by the latest pool reply. At each epoch end: join the rest
-    of that epoch's rounds. Does nothing when the protocol's data do not come from the pool.
-
-    Args:
-        protocol: a :class:`PeriodicAveragingProtocol`.
-    """
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_begin(self, logs=None):
-        if self.protocol.pool is not None:
-            self.protocol.pool.track_progress = True
-        self.joined = 0
-        self._epoch_base = {0: 0}  # epoch -> rounds of the epochs before it
-
-    def _base(self, epoch):
-        p, client = self.protocol, self.protocol.pool
-        while epoch not in self._epoch_base:
-            last = max(self._epoch_base)
-            self._epoch_base[last + 1] = self._epoch_base[last] + p.pool_rounds(last, client.batches_per_epoch, self._n())
-        return self._epoch_base[epoch]
-
-    def _n(self):
-        return self.protocol.roles.num_workers
-
-    def _join_until(self, target):
-        while self.joined < target:
-            self.joined += 1
-            self.protocol.join_pool_round(self.joined)
-
-    def on_train_batch_end(self, batch, logs=None):
-        client = self.protocol.pool
-        if client is None or not client.batch_progress:
-            return
-        # the progress when *this step's* batch was claimed (Keras may have pulled the next one already)
-        epoch, handed = client.batch_progress.popleft()
-        b = client.batches_per_epoch
-        r = self.protocol.pool_rounds(epoch, b, self._n())
-        due = int(np.floor(handed * r / b + 1e-9)) if r else 0
-        self._join_until(self._base(epoch) + due)
-
-    def on_epoch_end(self, epoch, logs=None):
-        client = self.protocol.pool
-        if client is None:
-            return
-        client.batch_progress.clear()  # every batch handed to Keras in the epoch was trained on
-        self._join_until(self._base(len(client.epochs)))

@@ -20,13 +20,13 @@ beta) for non-IID data (section III-E, eq. 3), see :mod:`hetsync.data.shards`.
 import dataclasses
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from hetsync.data import datasets as hdata
 from hetsync import transport
 from hetsync.data import shards as partition
+from hetsync.data.plan import DataPlan
 from hetsync import world
 from hetsync.core.protocol import Protocol, payload_bytes, present_gradients, scatter_gradients
 from hetsync.core.config import ProtocolConfig, param
@@ -129,9 +129,13 @@ class SelSyncProtocol(Protocol):
             self._seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_selsync_seen")
         self._weights = tf.constant((1.0 - self.smoothing) ** np.arange(self.cfg.ewma_window), tf.float64)
 
-    def callbacks(self):
-        """With data injection: the callback copying its counters into the step statistics."""
-        return [_InjectionStats(self)] if self.injecting else []
+    def on_train_batch_end(self, batch, logs):
+        """With data injection: copy its counters into the step statistics
+        (``inject_sent_bytes``, ``inject_received_samples``)."""
+        ds = self.dataset
+        if isinstance(ds, partition.InjectionDataset):
+            self._stats["inject_sent_bytes"].assign(float(ds.sent_bytes))
+            self._stats["inject_received_samples"].assign(float(ds.received_samples))
 
     def stop(self):
         """End the data injection (drained and counted on every rank, then gathered), then the base's
@@ -176,8 +180,9 @@ class SelSyncProtocol(Protocol):
                                                       timeout_s=self.cfg.inject_timeout_s)
         else:
             self.dataset = partition.BatchDataset(x, y, sampler)
-        self.samples_per_epoch = sampler.steps_per_pass * self.batch_size_effective
-        return {"x": self.dataset, "steps_per_epoch": sampler.steps_per_pass, "shuffle": False}
+        return self.adopt(DataPlan({"x": self.dataset, "steps_per_epoch": sampler.steps_per_pass, "shuffle": False},
+                                   batch_size=self.batch_size,
+                                   samples_per_epoch=sampler.steps_per_pass * self.batch_size_effective))
 
     def fit_data(self, x, y, batch_size, seed=0):
         """This rank's data for IID training: SelDP (default) or DefDP, with optional injection.
@@ -192,8 +197,8 @@ class SelSyncProtocol(Protocol):
             seed: int, the same on every rank.
 
         Returns:
-            dict of ``model.fit`` kwargs (``x`` a PyDataset, ``steps_per_epoch``), or for DefDP
-            without injection the base class's arrays.
+            the adopted :class:`hetsync.data.plan.DataPlan` (``x`` a PyDataset, ``steps_per_epoch``), or for
+            DefDP without injection the base class's plan.
 
         Raises:
             ValueError: bad batch size (including a batch larger than a partition).
@@ -314,20 +319,6 @@ class SelSyncProtocol(Protocol):
         with tf.control_dependencies(bookkeeping + self.record_step(synced, sent)):
             tf.no_op()
         return result
-
-
-class _InjectionStats(keras.callbacks.Callback):
-    """Copy the data-injection counters into SelSync's per-step statistics after each batch."""
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_batch_end(self, batch, logs=None):
-        ds = self.protocol.dataset
-        if isinstance(ds, partition.InjectionDataset):
-            self.protocol._stats["inject_sent_bytes"].assign(float(ds.sent_bytes))
-            self.protocol._stats["inject_received_samples"].assign(float(ds.received_samples))
 
 
 SelSync = protocol_wrapper(SelSyncProtocol, """Wrap a Keras 3 optimizer for SelSync: synchronize only when the gradients change a lot.
