@@ -55,7 +55,7 @@ def run(opt, steps, broadcast=True, slowdown=None, stop_after=None, w0=0.5):
     proto = opt.hetsync_protocol
     rec = Recorder(proto, stop_after)
     callbacks = hetsync.callbacks.standard(opt) if broadcast else \
-        [hetsync.callbacks.ProtocolHooks(opt)] + proto.callbacks()
+        [hetsync.callbacks.ProtocolHooks(opt)]
     if slowdown:
         callbacks = [hetsync.callbacks.Slowdown(slowdown, seed=0)] + callbacks
     t0 = time.time()

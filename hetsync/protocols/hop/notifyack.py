@@ -8,7 +8,7 @@ and early release; the gap bounds are -2 <= Iter(u) - Iter(v) <= 1 for v in N_in
 
 It reuses Hop's queues, channels and end (:class:`hetsync.protocols.hop.protocol.HopProtocol`): the
 compiled step only computes and applies the gradient; the Send, Recv, Reduce and the ACKs run
-between steps (:class:`hetsync.protocols.hop.protocol.HopCallback` calls :meth:`NotifyAckProtocol.leave_iteration`).
+between steps (Hop's ``on_train_batch_end`` hook calls :meth:`NotifyAckProtocol.leave_iteration`).
 """
 import dataclasses
 import time

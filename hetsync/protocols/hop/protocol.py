@@ -8,7 +8,7 @@ module holds the update rule and the iteration bookkeeping; the graphs are in
 (:mod:`hetsync.transport.p2p`, channels ``hop.update`` and ``hop.token``, routed by its receive
 thread straight into the compiled queues).
 
-Worker i, iteration k (the parallel approach, Figure 4; the callback :class:`HopCallback` runs the
+Worker i, iteration k (the parallel approach, Figure 4; the protocol's hooks between steps run the
 parts between compiled steps):
 
 1. **Enter k** (batch begin): insert one token ``[k]`` into TokenQ(i -> j) for every in-neighbour
@@ -46,7 +46,6 @@ import logging
 import time
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -58,7 +57,7 @@ from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 from hetsync.errors import HopError
 
-__all__ = ["Hop", "HopProtocol", "HopConfig", "HopCallback", "HopError", "UPDATE", "TOKEN", "staleness_weights",
+__all__ = ["Hop", "HopProtocol", "HopConfig", "HopError", "UPDATE", "TOKEN", "staleness_weights",
            "staleness_reduce"]
 
 log = logging.getLogger("hetsync")
@@ -197,9 +196,29 @@ class HopProtocol(Protocol):
         self.out_neighbours = self.graph.out_neighbours[self.rank]
         self._out_index = {j: t for t, j in enumerate(self.out_neighbours)}
 
-    def callbacks(self):
-        """Hop's per-iteration bookkeeping between steps: :class:`HopCallback`."""
-        return [HopCallback(self)]
+    # -- the hook set: Hop's bookkeeping between compiled steps ----------------------------------------
+    def on_train_begin(self, model, params):
+        """Build the optimizer if Keras has not, and begin training for steps x epochs iterations.
+
+        Raises:
+            ValueError: the ranks do not train the same number of iterations (``steps_per_execution``
+                > 1 is refused before, by :meth:`check_fit`: Hop's sends and token takes run between
+                every two steps).
+        """
+        opt = model.optimizer
+        if not opt.built and model.trainable_variables:
+            opt.build(model.trainable_variables)
+        steps, epochs = params.get("steps"), params.get("epochs")
+        self.begin_training(steps * epochs if steps else None)
+
+    def on_train_batch_begin(self, batch):
+        """Enter the step's iteration (take tokens, send the parameters)."""
+        self.enter_iteration()
+
+    def on_train_batch_end(self, batch, logs):
+        """Leave the step's iteration; True (stop training on this rank) when its iterations are done
+        (a skipping straggler runs fewer steps than the others)."""
+        return bool(self.leave_iteration())
 
     def _variables(self):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
@@ -212,7 +231,7 @@ class HopProtocol(Protocol):
         return variables
 
     def start(self):
-        """Nothing yet: :class:`HopCallback` sets up at train begin, once the optimizer is built (:meth:`begin_training`)."""
+        """Nothing yet: the on_train_begin hook sets up, once the optimizer is built (:meth:`begin_training`)."""
 
     def _setup(self):
         """Create the queues and route the channels into them."""
@@ -261,7 +280,7 @@ class HopProtocol(Protocol):
         if self._tokens is not None:
             ops.hop_token_cancel(self._tokens, reason)
 
-    # -- between steps (HopCallback) -----------------------------------------------------------------------
+    # -- between steps (the hook set) -----------------------------------------------------------------------
     def begin_training(self, total_iterations):
         """Check that every rank runs the same number of Hop iterations (one allgather).
 
@@ -494,40 +513,6 @@ class HopProtocol(Protocol):
         tokens (ms), late updates dropped, sends suppressed, jumps and iterations skipped, staleness weights,
         per-rank totals, and the final average's drift."""
         return dict(self._summary) if self._summary else super().summary_stats()
-
-
-class HopCallback(keras.callbacks.Callback):
-    """Hop's bookkeeping between compiled steps: enter an iteration at batch begin, leave it at batch end.
-
-    Placed in :func:`hetsync.callbacks.standard` by the protocol. Stops training on this rank when its
-    iterations are done (a skipping straggler runs fewer steps than the others).
-
-    Args:
-        protocol: the :class:`HopProtocol`.
-
-    Raises:
-        ValueError: (at train begin) the ranks do not train the same number of iterations.
-            (``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit`: Hop's
-            sends and token takes run between every two steps.)
-    """
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_begin(self, logs=None):
-        opt = self.model.optimizer
-        if not opt.built and self.model.trainable_variables:
-            opt.build(self.model.trainable_variables)
-        steps, epochs = self.params.get("steps"), self.params.get("epochs")
-        self.protocol.begin_training(steps * epochs if steps else None)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.protocol.enter_iteration()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.protocol.leave_iteration():
-            self.model.stop_training = True
 
 
 Hop = protocol_wrapper(HopProtocol, """Wrap a Keras 3 optimizer for Hop: decentralized training over a graph (Hop sections 3-6).
