@@ -72,7 +72,8 @@ class ProtocolHooks(keras.callbacks.Callback):
     starts the protocol (:meth:`~hetsync.core.protocol.Protocol.start`); at train end it stops it.
     In between every Keras event goes to the protocol hook of the same name
     (``on_train_begin``, ``on_epoch_begin``, ``on_train_batch_begin``, ``on_train_batch_end``,
-    ``on_epoch_end``, ``on_train_end``); a ``True`` from ``on_train_batch_end`` stops training.
+    ``on_epoch_end``, ``on_train_end``); a ``True`` from ``on_train_begin`` or ``on_train_batch_end``
+    stops training.
 
     Also stops training on a non-finite loss: after a step whose ``loss`` log is NaN or
     inf it raises :class:`hetsync.errors.NonFiniteError` naming the rank and the step (the
@@ -92,7 +93,8 @@ class ProtocolHooks(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.protocol.check_fit(self.model)
         self.protocol.start()
-        self.protocol.on_train_begin(self.model, dict(self.params or {}))
+        if self.protocol.on_train_begin(self.model, dict(self.params or {})):
+            self.model.stop_training = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self.protocol.on_epoch_begin(epoch)

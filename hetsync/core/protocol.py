@@ -178,6 +178,10 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
         Args:
             model: the ``keras.Model`` being fit.
             params: dict, Keras' callback parameters (``epochs``, ``steps`` per epoch or None, ``verbose``).
+
+        Returns:
+            True to stop training before the first step (``model.stop_training``; a parameter-server
+            rank that served until every worker finished), else None or False.
         """
 
     def on_epoch_begin(self, epoch):

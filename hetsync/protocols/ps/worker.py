@@ -7,9 +7,9 @@ same on every rank and changes no more than for the other protocols:
 * wrapping the optimizer sets the roles (:meth:`PSProtocol.server_count`, :func:`hetsync.world.set_servers`);
   ``opt.hetsync_protocol.fit_data`` (and :func:`hetsync.data.shards.local_fit_data`) shard the data over
   the workers only and give a server rank one batch;
-* at ``on_train_begin`` (:class:`PSCallback`, in :func:`hetsync.callbacks.standard`) every rank takes
+* at ``on_train_begin`` (the protocol's hook, forwarded by :class:`hetsync.callbacks.ProtocolHooks`) every rank takes
   rank 0's initial weights (one broadcast) and plans the shards (:func:`hetsync.protocols.ps.server.plan_shards`).
-  A **server rank then serves inside its** ``fit``: the callback runs the server loop
+  A **server rank then serves inside its** ``fit``: the hook runs the server loop
   (:class:`hetsync.protocols.ps.server.ParameterServer`) until every worker said it is done, and sets
   ``model.stop_training``, so the server's ``fit`` runs one step that changes no weight and returns;
 * each worker step (the compiled step, :meth:`PSProtocol.apply`) computes the gradient on the local
@@ -30,7 +30,6 @@ import dataclasses
 import time
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -40,7 +39,7 @@ from hetsync.core.protocol import Protocol
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.protocols.ps.server import ERROR, PULL, PUSH, ParameterServer, PSError, plan_shards
 
-__all__ = ["PSConfig", "PSProtocol", "PSCallback", "PSError", "ALPHA_BINS"]
+__all__ = ["PSConfig", "PSProtocol", "PSError", "ALPHA_BINS"]
 
 #: the summary keeps each server's arrival order only for runs of at most this many pushes.
 MAX_ORDER = 20000
@@ -79,7 +78,7 @@ class PSProtocol(Protocol):
     """
 
     requires_mpi = True
-    # the push, the pull and the mixing run between every two steps (PSCallback.on_train_batch_end), so a
+    # the push, the pull and the mixing run between every two steps (the on_train_batch_end hook), so a
     # compiled loop of k > 1 steps would push one gradient in k
     max_steps_per_execution = 1
     #: apply the wrapped optimizer's step to the local model (False where alpha is always 1: it is overwritten).
@@ -119,10 +118,23 @@ class PSProtocol(Protocol):
         for s in ("ps_alpha", "ps_c", "ps_alpha_mean", "ps_alpha_clips", "ps_wait_ms", "ps_pushes", "ps_step"):
             self.add_stat(s)
 
-    def callbacks(self):
-        """The protocol's callback: :class:`PSCallback` (train begin: shards and the server loop; batch end:
-        push, pull, mix)."""
-        return [PSCallback(self)]
+    # -- the hook set: between compiled steps (``steps_per_execution`` > 1 is refused by
+    # :meth:`check_fit`, :attr:`max_steps_per_execution` is 1: the exchange runs between every two steps)
+    def on_train_begin(self, model, params):
+        """Build the optimizer if Keras has not, then :meth:`begin` (shards and the server loop).
+
+        Returns:
+            True on a server rank (it served until every worker finished: training stops).
+        """
+        opt = model.optimizer
+        if not opt.built and model.trainable_variables:
+            opt.build(model.trainable_variables)
+        return bool(self.begin())
+
+    def on_train_batch_end(self, batch, logs):
+        """On a worker: push, pull and mix (:meth:`exchange`)."""
+        if not self.serves:
+            self.exchange()
 
     # -- train begin ----------------------------------------------------------------------------------
     def _variables(self):
@@ -379,34 +391,3 @@ class PSProtocol(Protocol):
         if not self._summary:
             return super().summary_stats()
         return self.with_pool_stats(dict(self._summary))
-
-
-class PSCallback(keras.callbacks.Callback):
-    """A parameter-server protocol between compiled steps (placed by :func:`hetsync.callbacks.standard`).
-
-    ``on_train_begin``: builds the optimizer if needed and calls :meth:`PSProtocol.begin` (on a server rank
-    this serves until every worker finished, then stops training). ``on_train_batch_end`` on a worker:
-    :meth:`PSProtocol.exchange`.
-
-    Args:
-        protocol: the :class:`PSProtocol`.
-
-    ``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit`
-    (:attr:`PSProtocol.max_steps_per_execution` is 1: the exchange runs between every two steps).
-    """
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_begin(self, logs=None):
-        opt = self.model.optimizer
-        if not opt.built and self.model.trainable_variables:
-            opt.build(self.model.trainable_variables)
-        if self.protocol.begin():
-            self.model.stop_training = True
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self.protocol.serves:
-            self.protocol.exchange()
-
