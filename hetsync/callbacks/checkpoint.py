@@ -65,6 +65,7 @@ from hetsync import transport
 from hetsync import world
 from hetsync.data.shards import BatchDataset
 from hetsync.core.wrapper import protocol_of
+from hetsync.callbacks.core import run_state
 
 __all__ = ["BackupAndRestore", "atomic_save", "complete_checkpoints", "load_checkpoint", "FORMAT_VERSION"]
 
@@ -246,11 +247,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         # Keras calls this when it builds the fit's callback list, before any on_train_begin: the
         # flags of an earlier fit that stopped with an exception do not leak into this one.
         super().set_model(model)
-        model._hetsync_broadcast_done = model._hetsync_restored = False
-        model._hetsync_after_train = []
+        run_state(model, reset=True)
 
     def on_train_begin(self, logs=None):
-        if getattr(self.model, "_hetsync_broadcast_done", False):
+        if run_state(self.model).broadcast_done:
             raise ValueError("BackupAndRestore must come before hetsync.callbacks.standard(opt) in the callback "
                              "list (it restores before the initial broadcast and the protocol's start)")
         spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
@@ -310,7 +310,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         epoch, skip = int(meta["epoch"]), int(meta["step_in_epoch"])
         self.dataset.offset = int(meta["global_step"])
         self.model._initial_epoch = epoch
-        self.model._hetsync_restored = True
+        run_state(self.model).restored = True
         if self.metrics is not None and meta.get("metrics") is not None:
             self.metrics.resume_from(meta["metrics"], epoch=epoch, step_in_epoch=skip)
         if skip > 0:
@@ -401,13 +401,13 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.model._initial_epoch = None
-        self.model._hetsync_restored = False
+        run_state(self.model).restored = False
         if self.dataset is not None:
             self.dataset.offset = 0
         # The checkpoints go only once every rank has finished: after the protocol's stop (its
         # final average under the asynchronous protocols) and one allgather, run by
         # hetsync.callbacks.ProtocolHooks.on_train_end (which comes after this callback).
-        self.model._hetsync_after_train = list(getattr(self.model, "_hetsync_after_train", [])) + [self._finish]
+        run_state(self.model).after_train.append(self._finish)
 
     def _finish(self):
         """Delete the checkpoints after all ranks completed ``fit`` (one allgather first)."""

@@ -5,7 +5,9 @@ Typical use (two lines differ from a single-process script)::
     opt = hetsync.BSP(keras.optimizers.SGD(0.1))
     model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
 """
+import dataclasses
 import logging
+import weakref
 
 import keras
 import numpy as np
@@ -15,10 +17,50 @@ from hetsync import world
 from hetsync.core.wrapper import protocol_of
 from hetsync.errors import NONFINITE_MARK, NonFiniteError
 
-__all__ = ["BroadcastInitialVariables", "ProtocolHooks",
+__all__ = ["BroadcastInitialVariables", "ProtocolHooks", "RunState", "run_state",
            "on_rank0", "standard"]
 
 log = logging.getLogger("hetsync")
+
+
+@dataclasses.dataclass
+class RunState:
+    """What hetsync's callbacks share during one ``model.fit`` (one object per model).
+
+    Attributes:
+        broadcast_done: bool, :class:`BroadcastInitialVariables` ran its train-begin broadcast
+            (a callback that must come before it checks this).
+        restored: bool, :class:`hetsync.callbacks.BackupAndRestore` restored every rank's replica
+            from a checkpoint (the initial broadcast is then skipped).
+        after_train: list of callables run by :class:`ProtocolHooks` at train end, after the
+            protocol's stop on this rank (a checkpoint's deletion, which waits for every rank).
+    """
+
+    broadcast_done: bool = False
+    restored: bool = False
+    after_train: list = dataclasses.field(default_factory=list)
+
+
+# The run state of every model being fit, keyed weakly by the model: callbacks listed before
+# ProtocolHooks (BackupAndRestore) need it before ProtocolHooks' own train begin, and nothing is
+# written on the Keras model.
+_RUN_STATES = weakref.WeakKeyDictionary()
+
+
+def run_state(model, reset=False):
+    """Return the :class:`RunState` of ``model`` (created on first use).
+
+    Args:
+        model: a ``keras.Model``.
+        reset: bool, start a fresh state (a new ``fit``: flags of an earlier fit that stopped with
+            an exception do not leak into it).
+
+    Returns:
+        the model's :class:`RunState`.
+    """
+    if reset or model not in _RUN_STATES:
+        _RUN_STATES[model] = RunState()
+    return _RUN_STATES[model]
 
 
 class BroadcastInitialVariables(keras.callbacks.Callback):
@@ -45,8 +87,9 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
         self._optimizer_done = False
 
     def on_train_begin(self, logs=None):
-        self.model._hetsync_broadcast_done = True
-        if getattr(self.model, "_hetsync_restored", False):
+        state = run_state(self.model)
+        state.broadcast_done = True
+        if state.restored:
             # resumed by hetsync.callbacks.checkpoint.BackupAndRestore: every rank restored its own replica
             self._optimizer_done = True
             return
@@ -116,13 +159,14 @@ class ProtocolHooks(keras.callbacks.Callback):
         self.protocol.on_epoch_end(epoch, logs if logs is not None else {})
 
     def on_train_end(self, logs=None):
-        self.model._hetsync_broadcast_done = False
+        state = run_state(self.model)
+        state.broadcast_done = False
         self.protocol.stop()
         self.protocol.on_train_end(self.model)
         # then what must wait until every rank has stopped (hetsync.callbacks.checkpoint.BackupAndRestore's deletion)
-        for fn in getattr(self.model, "_hetsync_after_train", []):
+        after, state.after_train = state.after_train, []
+        for fn in after:
             fn()
-        self.model._hetsync_after_train = []
 
 
 def on_rank0(*callbacks):
