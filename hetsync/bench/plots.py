@@ -58,8 +58,8 @@ def accuracy_plot(results, path):
         ax.legend(fontsize=8, loc="lower right")
     for ax in list(axes.flat)[len(cells):]:
         ax.set_visible(False)
-    fig.suptitle(f"Test accuracy vs wall-clock (thick: first seed; thin: other seeds; "
-                 f"dotted: target)", fontsize=12)
+    fig.suptitle("Test accuracy vs wall-clock (thick: first seed; thin: other seeds; "
+                 "dotted: target)", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -258,7 +258,7 @@ class MetricAverage(keras.callbacks.Callback):
 
     def _gather(self, mine, epoch, proto):
         with_servers = proto.roles.num_servers > 0
-        if (not getattr(proto, "collectives_in_thread", False) and not with_servers) or world.size() == 1:
+        if (not proto.capabilities.collectives_in_thread and not with_servers) or world.size() == 1:
             return transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
         # over the workers only (ranks 0 .. n - 1) when some ranks serve parameters
         d, rank, n = transport.dispatcher(), world.rank(), proto.roles.num_workers

@@ -18,12 +18,6 @@ from hetsync.errors import NONFINITE_MARK, NonFiniteError
 class NonFiniteGuard:
     """The non-finite guard of :class:`hetsync.core.protocol.Protocol` (a mixin; see the module docstring)."""
 
-    #: True for protocols whose every step runs one collective that carries the non-finite flags
-    #: of :meth:`nonfinite_flags` (BSP, SelSync, task allocation): a bad rank then sends zeros in
-    #: place of its gradients and every rank stops after that collective. False: the bad rank stops
-    #: before its step does anything (nothing enters a cache, a queue or a message).
-    nonfinite_in_collective = False
-
     # the compiled step's non-finite flag and step index while a step is being traced (else None)
     _step_bad = _step_it = None
 
@@ -103,7 +97,7 @@ class NonFiniteGuard:
         unchecked. Otherwise it checks every present gradient (one reduce per tensor). If any element is NaN or inf, the
         step's gradients are held back and counted (``nonfinite_dropped`` += 1), then:
 
-        * protocols with :attr:`nonfinite_in_collective`: the gradients are replaced by zeros, the
+        * protocols with ``capabilities.nonfinite_in_collective``: the gradients are replaced by zeros, the
           step runs and its collective carries this rank's flag (:meth:`nonfinite_flags`); every
           rank then raises (:meth:`check_nonfinite_flags`), naming this rank and the step;
         * the others: the step raises here, before the protocol writes, queues or sends anything.
@@ -128,7 +122,7 @@ class NonFiniteGuard:
         counted = self._stats["nonfinite_dropped"].assign_add(tf.cast(bad, tf.float64))
         self._step_bad = bad
         present, dense = present_gradients(grads)
-        if self.nonfinite_in_collective:
+        if self.capabilities.nonfinite_in_collective:
             with tf.control_dependencies([counted]):
                 return scatter_gradients(grads, present, self._zeros_if(bad, dense))
         with tf.control_dependencies([counted]):

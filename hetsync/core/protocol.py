@@ -35,15 +35,42 @@ from hetsync.core.stats import Statistics
 from hetsync.errors import NONFINITE_MARK, NonFiniteError
 from hetsync.roles import Roles
 
-__all__ = ["Protocol", "NonFiniteError", "present_gradients", "scatter_gradients", "payload_bytes",
+__all__ = ["Protocol", "Capabilities", "NonFiniteError", "present_gradients", "scatter_gradients", "payload_bytes",
            "all_finite", "NONFINITE_MARK"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a protocol needs and allows: one declared record per protocol class, read by name.
+
+    Attributes:
+        requires_mpi: bool, the protocol needs MPI point-to-point messages (it fails under
+            ``horovodrun --gloo`` with a message naming the protocol).
+        collectives_in_thread: bool, its communication thread issues horovod collectives while
+            training (RNA): other eager collectives during ``fit`` must then avoid horovod (see
+            :class:`hetsync.callbacks.MetricAverage`).
+        max_steps_per_execution: int >= 1 or None (any), the largest ``steps_per_execution`` of
+            ``model.compile`` it supports. With k > 1 Keras runs k steps inside one compiled call
+            and calls the batch hooks once per call; a protocol whose hooks feed every step (task
+            allocation's m_i, Hop's tokens, the parameter-server exchange) needs 1.
+        nonfinite_in_collective: bool, every step runs one collective that carries the non-finite
+            flags (:meth:`hetsync.core.guard.NonFiniteGuard.nonfinite_flags`; BSP, SelSync, task
+            allocation): a bad rank sends zeros in place of its gradients and every rank stops
+            after that collective. False: the bad rank stops before its step does anything
+            (nothing enters a cache, a queue or a message).
+    """
+
+    requires_mpi: bool = False
+    collectives_in_thread: bool = False
+    max_steps_per_execution: int = None
+    nonfinite_in_collective: bool = False
 
 
 class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
     """Base class of every hetsync protocol (BSP, RNA, task allocation, SelSync, ...).
 
     Subclasses set :attr:`name` (the lowercase CLI name), :attr:`display_name`, :attr:`Config`
-    (their frozen configuration dataclass) and :attr:`requires_mpi`, then override
+    (their frozen configuration dataclass) and :attr:`capabilities`, then override
     :meth:`transform` (gradients in, gradients out) or :meth:`apply` (full control over the local
     step), plus :meth:`build`, :meth:`start`, :meth:`stop` and :meth:`callbacks` as needed.
 
@@ -66,7 +93,7 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
     A non-finite gradient (NaN or inf, also from a non-finite loss) is never sent: it is counted
     in ``nonfinite_dropped`` and training stops with an error naming the rank, the step
     (the optimizer's ``iterations`` before the step) and the protocol. Protocols with
-    :attr:`nonfinite_in_collective` fold a per-rank flag into their own collective, so every rank
+    :attr:`Capabilities.nonfinite_in_collective` fold a per-rank flag into their own collective, so every rank
     stops in the same synchronization naming the source rank(s); the others stop on the failing
     rank (its process exits non-zero and ``mpirun`` ends the job). Parameters are checked the same
     way before every parameter average (:meth:`average_parameters`, :meth:`average_at_train_end`)
@@ -86,10 +113,19 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
     name = "base"
     #: the wrapper's name (e.g. ``"RNA"``): names the wrapped optimizer class (``RNA_SGD``) and messages.
     display_name = "Protocol"
-    #: True if the protocol needs MPI point-to-point messages (fails under ``horovodrun --gloo``).
-    requires_mpi = False
+    #: what the protocol needs and allows, read by name (:class:`Capabilities`); subclasses declare
+    #: their own (``dataclasses.replace(Base.capabilities, ...)`` keeps a base class's declarations).
+    capabilities = Capabilities()
     #: the protocol's configuration dataclass (a :class:`hetsync.core.config.ProtocolConfig`), or None.
     Config = None
+
+    def __init_subclass__(cls, **kwargs):
+        # a protocol written for an earlier release declares its capabilities as class attributes
+        # (``requires_mpi = True``): fold them into the record, so they keep their effect
+        super().__init_subclass__(**kwargs)
+        legacy = {f.name: cls.__dict__[f.name] for f in dataclasses.fields(Capabilities) if f.name in cls.__dict__}
+        if legacy:
+            cls.capabilities = dataclasses.replace(cls.capabilities, **legacy)
 
     def __init__(self, config=None, **kwargs):
         if self.Config is None:
@@ -120,7 +156,7 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
         """
         if not world.is_initialized():
             raise RuntimeError(f"hetsync.{self.display_name}: call hetsync.init() before wrapping an optimizer")
-        if self.requires_mpi:
+        if self.capabilities.requires_mpi:
             world.require_mpi(f"protocol {self.name!r}")
         try:
             self.roles = Roles.of_world(self.server_count())
@@ -210,22 +246,12 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
     def on_train_end(self, model):
         """Training ended: after :meth:`stop` on this rank. Args: model: the ``keras.Model``."""
 
-    #: True for protocols whose communication thread issues horovod collectives while training
-    #: (RNA): other eager collectives during ``fit`` must then avoid horovod (see
-    #: :class:`hetsync.callbacks.MetricAverage`).
-    collectives_in_thread = False
-
-    #: largest ``steps_per_execution`` of ``model.compile`` the protocol supports (int), or None for
-    #: any. With k > 1 Keras runs k steps inside one compiled call and calls the batch callbacks
-    #: once per call; a protocol whose callback feeds every step (task allocation's m_i) needs 1.
-    max_steps_per_execution = None
-
     def check_fit(self, model):
         """Check the model's training set-up against the protocol at train begin (before any step).
 
         Called by :class:`hetsync.callbacks.ProtocolHooks`. Checks that the model trains with this
         protocol's optimizer (not a ``keras.optimizers.LossScaleOptimizer`` wrapped *around* it)
-        and that ``steps_per_execution`` is at most :attr:`max_steps_per_execution`.
+        and that ``steps_per_execution`` is at most :attr:`Capabilities.max_steps_per_execution`.
 
         Args:
             model: the ``keras.Model`` being fit.
@@ -243,10 +269,11 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
                 "LossScaleOptimizer itself under the mixed_float16 policy unless the optimizer already is one)")
         self.set_state_variables(model)
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
-        if self.max_steps_per_execution is not None and spe > self.max_steps_per_execution:
+        limit = self.capabilities.max_steps_per_execution
+        if limit is not None and spe > limit:
             raise ValueError(
                 f"{self.display_name}: model.compile(steps_per_execution={spe}) is not supported; this protocol "
-                f"allows steps_per_execution <= {self.max_steps_per_execution} (its callback sets every step's "
+                f"allows steps_per_execution <= {limit} (its hooks sets every step's "
                 "workload); compile with steps_per_execution=1")
 
     # -- the step -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def run(protocol, grads, variables, local_apply):
     grads = protocol._guard_gradients(grads)
     try:
         result = protocol.apply(grads, variables, local_apply)
-        if protocol.nonfinite_in_collective and protocol._step_bad is not None:
+        if protocol.capabilities.nonfinite_in_collective and protocol._step_bad is not None:
             # a step whose collective did not carry the flag still stops on the bad rank
             with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
                 tf.debugging.Assert(tf.logical_not(protocol._step_bad), [protocol._nonfinite_message()])

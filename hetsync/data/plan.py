@@ -3,7 +3,7 @@
 A data plan decides which samples a rank trains on each epoch. The functions here compute one and
 return a :class:`DataPlan`; they write into no protocol. The protocol adopts the plan's figures
 (:meth:`hetsync.core.dataplans.DataPlans.adopt`: batch size b, samples per epoch, the sample pool's
-client and server) and the user hands the plan to ``model.fit``: a plan is a read-only mapping of
+client and server) and the user hands the plan to ``model.fit``: a plan is a mapping of
 ``model.fit`` keyword arguments, so ``model.fit(**plan)`` works as with the dicts of earlier releases.
 
 * :func:`shard_plan`: a disjoint, equally long shard per worker rank, reshuffled every epoch, full
@@ -21,10 +21,12 @@ __all__ = ["DataPlan", "shard_plan", "server_plan", "dataset_plan", "check_batch
 
 
 @dataclasses.dataclass(frozen=True)
-class DataPlan(collections.abc.Mapping):
+class DataPlan(collections.abc.MutableMapping):
     """One rank's data plan: ``model.fit`` arguments and the figures the protocol adopts.
 
-    A read-only mapping over :attr:`fit_args`, so ``model.fit(**plan)`` and ``plan["x"]`` work.
+    A mapping over :attr:`fit_args`, so ``model.fit(**plan)`` and ``plan["x"]`` work; a script may
+    change a ``model.fit`` argument as in a dict (``plan["steps_per_epoch"] = 1``), the figures the
+    protocol adopted stay as planned.
 
     Attributes:
         fit_args: dict of ``model.fit`` keyword arguments (``x``, and ``y``, ``batch_size``,
@@ -44,6 +46,12 @@ class DataPlan(collections.abc.Mapping):
 
     def __getitem__(self, key):
         return self.fit_args[key]
+
+    def __setitem__(self, key, value):
+        self.fit_args[key] = value
+
+    def __delitem__(self, key):
+        del self.fit_args[key]
 
     def __iter__(self):
         return iter(self.fit_args)

@@ -10,7 +10,7 @@ import typing
 import tensorflow as tf
 
 from hetsync import transport
-from hetsync.core.protocol import Protocol, present_gradients, scatter_gradients
+from hetsync.core.protocol import Capabilities, Protocol, present_gradients, scatter_gradients
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 
@@ -35,7 +35,7 @@ class BSPProtocol(Protocol):
     Config = BSPConfig
 
     #: the gradient allreduce carries every rank's non-finite flag: all ranks stop together.
-    nonfinite_in_collective = True
+    capabilities = Capabilities(nonfinite_in_collective=True)
 
     def transform(self, grads, variables):
         """Return (1/n) sum_i g_i for every present gradient (one fused allreduce, timed by

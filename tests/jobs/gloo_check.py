@@ -5,12 +5,13 @@ import sys
 import keras
 
 import hetsync
+from hetsync.core.protocol import Capabilities
 from hetsync.protocols import Protocol, wrap
 
 
 class NeedsMPI(Protocol):
     name = "needs-mpi"
-    requires_mpi = True
+    capabilities = Capabilities(requires_mpi=True)
 
 
 hetsync.init()

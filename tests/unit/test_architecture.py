@@ -41,3 +41,40 @@ def test_no_simulator_module_and_no_registry_lookup_loads_tensorflow():
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[0] == "14 []", proc.stdout
+
+
+def _assignments(path):
+    """Every ``X.attr = ...`` / ``X.attr += ...`` in a file: list of (line, name of X, attr)."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name):
+                    out.append((node.lineno, el.value.id, el.attr))
+                elif isinstance(el, ast.Attribute) and isinstance(el.value, ast.Attribute):
+                    out.append((node.lineno, ast.unparse(el.value), el.attr))
+    return out
+
+
+def test_no_module_writes_into_a_protocol_or_onto_the_keras_model():
+    """Rule 9: a data plan returns a value (no data module assigns a protocol's attributes), and
+    callbacks share run state through RunState, not ``model._hetsync_*`` attributes."""
+    root = os.path.dirname(hetsync.__file__)
+    bad = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)
+            for line, owner, attr in _assignments(path):
+                if attr.startswith("_hetsync_"):
+                    bad.append(f"{rel}:{line}: {owner}.{attr} (a flag on a Keras object)")
+                if rel.startswith("data" + os.sep) and owner in ("protocol", "proto", "self.protocol"):
+                    bad.append(f"{rel}:{line}: {owner}.{attr} (a data module writing into a protocol)")
+    assert not bad, "\n".join(bad)

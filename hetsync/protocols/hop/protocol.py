@@ -52,7 +52,7 @@ import tensorflow as tf
 from hetsync import ops, transport
 from hetsync import world
 from hetsync.protocols.hop import graph as hop_graph
-from hetsync.core.protocol import Protocol
+from hetsync.core.protocol import Capabilities, Protocol
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 from hetsync.errors import HopError
@@ -156,9 +156,8 @@ class HopProtocol(Protocol):
     name = "hop"
     display_name = "Hop"
     Config = HopConfig
-    requires_mpi = True
+    capabilities = Capabilities(requires_mpi=True, max_steps_per_execution=1)
     #: Hop's sends (batch begin) and token takes (batch end) run between every two steps.
-    max_steps_per_execution = 1
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

@@ -28,7 +28,7 @@ from hetsync import transport
 from hetsync.data import shards as partition
 from hetsync.data.plan import DataPlan
 from hetsync import world
-from hetsync.core.protocol import Protocol, payload_bytes, present_gradients, scatter_gradients
+from hetsync.core.protocol import Capabilities, Protocol, payload_bytes, present_gradients, scatter_gradients
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 
@@ -96,7 +96,7 @@ class SelSyncProtocol(Protocol):
     """Selective synchronization (see :func:`SelSync`)."""
 
     #: the per-step flag exchange carries the non-finite flags.
-    nonfinite_in_collective = True
+    capabilities = Capabilities(nonfinite_in_collective=True)
 
     name = "selsync"
     display_name = "SelSync"
@@ -105,7 +105,8 @@ class SelSyncProtocol(Protocol):
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
         self.injecting = self.cfg.alpha > 0 and self.cfg.beta > 0
-        self.requires_mpi = self.injecting  # data injection uses point-to-point messages
+        # data injection uses point-to-point messages
+        self.capabilities = dataclasses.replace(type(self).capabilities, requires_mpi=self.injecting)
         #: the EWMA smoothing factor in use (float; N/100 when the config says None), set by :meth:`build`.
         self.smoothing = None
         self.dataset = None

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hetsync import transport
 from hetsync import world
-from hetsync.core.protocol import Protocol
+from hetsync.core.protocol import Capabilities, Protocol
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.protocols.ps.server import ERROR, PULL, PUSH, ParameterServer, PSError, plan_shards
 
@@ -77,10 +77,9 @@ class PSProtocol(Protocol):
     (None, or SSP's s) and :meth:`alpha` (the mixing weight from a counter c_i).
     """
 
-    requires_mpi = True
     # the push, the pull and the mixing run between every two steps (the on_train_batch_end hook), so a
     # compiled loop of k > 1 steps would push one gradient in k
-    max_steps_per_execution = 1
+    capabilities = Capabilities(requires_mpi=True, max_steps_per_execution=1)
     #: apply the wrapped optimizer's step to the local model (False where alpha is always 1: it is overwritten).
     local_step = True
 
@@ -119,7 +118,7 @@ class PSProtocol(Protocol):
             self.add_stat(s)
 
     # -- the hook set: between compiled steps (``steps_per_execution`` > 1 is refused by
-    # :meth:`check_fit`, :attr:`max_steps_per_execution` is 1: the exchange runs between every two steps)
+    # :meth:`check_fit`, :attr:`capabilities` allow 1: the exchange runs between every two steps)
     def on_train_begin(self, model, params):
         """Build the optimizer if Keras has not, then :meth:`begin` (shards and the server loop).
 

@@ -127,7 +127,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
     display_name = "HierarchicalRNA"
     Config = HierarchicalRNAConfig
     # the warm-up timing, the regrouping and the server exchange run between steps (on_train_batch_end)
-    max_steps_per_execution = 1
+    capabilities = dataclasses.replace(RNAProtocol.capabilities, max_steps_per_execution=1)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

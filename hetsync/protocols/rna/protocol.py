@@ -54,7 +54,7 @@ import tensorflow as tf
 
 from hetsync import ops, transport
 from hetsync import world
-from hetsync.core.protocol import Protocol
+from hetsync.core.protocol import Capabilities, Protocol
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER, Controller, RoundLoop
 from hetsync.core.wrapper import protocol_wrapper
@@ -110,7 +110,7 @@ class RNAProtocol(Protocol):
     """Randomized non-blocking partial allreduce with a host gradient cache (see :func:`RNA`)."""
 
     #: the communication thread runs horovod collectives (rounds, drift, parameter averages).
-    collectives_in_thread = True
+    capabilities = Capabilities(requires_mpi=True, collectives_in_thread=True)
     #: the periodic parameter average (``average_every``) also averages the model's float32
     #: non-trainable state (BatchNormalization statistics). Hierarchical RNA: False.
     average_state_in_rounds = True
@@ -118,7 +118,6 @@ class RNAProtocol(Protocol):
     name = "rna"
     display_name = "RNA"
     Config = RNAConfig
-    requires_mpi = True
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

@@ -56,7 +56,7 @@ from hetsync import world
 from hetsync.protocols.taskalloc.allocation import (adapt_allocation, allocation_change, default_micro_batch, epoch_indices,  # noqa: F401
                          heterogeneity_efficiency, plan_rounds, predicted_gain, round_allocation)
 from hetsync.core import checks as _checks
-from hetsync.core.protocol import Protocol, present_gradients, scatter_gradients
+from hetsync.core.protocol import Capabilities, Protocol, present_gradients, scatter_gradients
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 
@@ -140,13 +140,12 @@ class TaskAllocationProtocol(Protocol):
     """
 
     #: the weighted allreduce carries every rank's non-finite flag: all ranks stop together.
-    nonfinite_in_collective = True
+    capabilities = Capabilities(nonfinite_in_collective=True, max_steps_per_execution=1)
 
     name = "taskalloc"
     display_name = "TaskAllocation"
     Config = TaskAllocationConfig
     #: the callback feeds each step's sample count m_i before the step (see :meth:`step_samples`).
-    max_steps_per_execution = 1
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
 
