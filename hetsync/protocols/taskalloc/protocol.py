@@ -4,7 +4,7 @@ Paper: "Task allocation for decentralized training in heterogeneous environment"
 Gao), section III: eq. (1) (the update over a global batch), Algorithm 1 and eq. (10) (the
 self-adaptive allocation). The allocation arithmetic (eq. 10, rounding, plans,
 efficiency) is in :mod:`hetsync.protocols.taskalloc.allocation`; this module holds the protocol, its data
-plumbing (per-epoch plans read by Keras' prefetching thread) and its callback.
+plumbing (per-epoch plans read by Keras' prefetching thread) and its hooks.
 
 Units: b = the run's per-rank batch size in samples (what BSP trains on per rank and step, the
 ``batch_size`` of :meth:`TaskAllocationProtocol.fit_data`); a *micro-batch* is mb samples; w_i
@@ -46,7 +46,6 @@ import threading
 import time
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -145,7 +144,7 @@ class TaskAllocationProtocol(Protocol):
     name = "taskalloc"
     display_name = "TaskAllocation"
     Config = TaskAllocationConfig
-    #: the callback feeds each step's sample count m_i before the step (see :meth:`step_samples`).
+    #: the on_train_batch_begin hook feeds each step's sample count m_i before the step (see :meth:`step_samples`).
     #: float seconds a data request for the next epoch waits for that epoch's allocation.
     data_timeout_s = 600.0
 
@@ -359,7 +358,7 @@ class TaskAllocationProtocol(Protocol):
 
         This is what the emulated device (a scenario ``device:MS``, which charges MS milliseconds
         per :attr:`batch_size` samples) uses to cost the step, read by
-        :class:`hetsync.callbacks.Slowdown` before the step starts; the protocol's own callback
+        :class:`hetsync.callbacks.Slowdown` before the step starts; the protocol's own hook
         feeds it to the compiled step as m_i.
 
         Args:
@@ -428,7 +427,7 @@ class TaskAllocationProtocol(Protocol):
             self._plan(0, reset=True)
 
     def begin_epoch(self, epoch):
-        """Apply a pending reallocation and reshard for ``epoch`` (called by the protocol's callback)."""
+        """Apply a pending reallocation and reshard for ``epoch`` (called by the on_epoch_begin hook)."""
         if self._data is None and self._stream is None:
             raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
                                "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
@@ -508,8 +507,66 @@ class TaskAllocationProtocol(Protocol):
                      " (stable)" if self.stable else "")
         return rec
 
-    def callbacks(self):
-        return [_TaskAllocationCallback(self)]
+    # -- the hook set: feed each step's m_i, time the compute, run the epoch exchange -------------------
+    def on_train_begin(self, model, params):
+        """Check that the run trains on the protocol's data, then :meth:`begin_fit`.
+
+        Raises:
+            RuntimeError: ``model.fit`` was not given the data of :meth:`fit_data` or :meth:`fit_dataset`.
+        """
+        if self._data is None and self._stream is None:
+            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
+                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
+                               "batch_size): the protocol sets each rank's batch to its share w_i")
+        self.begin_fit()
+
+    def on_train_end(self, model):
+        """:meth:`end_fit`."""
+        self.end_fit()
+
+    def on_epoch_begin(self, epoch):
+        """:meth:`begin_epoch`, then start the epoch's clocks (seconds, ``time.perf_counter``)."""
+        self.begin_epoch(epoch)
+        self._t0 = self._steady_t0 = time.perf_counter()
+        self._wait0 = float(self._stats["sync_wait_total_ms"].numpy())
+        self._busy = 0.0
+        w = tuple(int(v) for v in self.weights)
+        if w != getattr(self, "_rates_w", None):  # speeds are pooled while the allocation stays the same
+            self._rates, self._rates_w = [], w
+        self._steady_samples, self._steady_compute = 0, 0.0
+
+    def on_train_batch_begin(self, batch):
+        """Feed the step's sample count m_i (:meth:`step_samples`) to the compiled step."""
+        self._m = self.step_samples(batch)
+        self._mb.assign(float(self._m))
+        self._wait_b = float(self._stats["sync_wait_total_ms"].numpy())
+        self._tb = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs):
+        """Record the step's speed sample m_i / (step time - time inside the allreduce)."""
+        dt = time.perf_counter() - self._tb
+        wait = (float(self._stats["sync_wait_total_ms"].numpy()) - self._wait_b) / 1e3
+        self._busy += dt
+        # the first step of every epoch (graph tracing, data pipeline start, waiting for rank 0's
+        # evaluation of the previous epoch) is not used as a speed sample
+        if batch > 0 or self.rounds == 1:
+            if dt - wait > 0:
+                self._rates.append(self._m / (dt - wait))
+            self._steady_samples += self._m
+            self._steady_compute += max(dt - wait, 0.0)
+        else:
+            self._steady_t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs):
+        """:meth:`end_epoch` with the epoch's compute, waiting, wall time, speed v_i and steady figures."""
+        if self.rounds == 1:
+            self._steady_t0 = self._t0
+        wall = time.perf_counter() - self._t0
+        wait = (float(self._stats["sync_wait_total_ms"].numpy()) - self._wait0) / 1e3
+        compute = max(self._busy - wait, 1e-9)
+        rate = float(np.median(self._rates)) if self._rates else 0.0
+        steady = (self._steady_samples, self._steady_compute, time.perf_counter() - self._steady_t0)
+        self.end_epoch(epoch, compute, wait, wall, rate, steady)
 
     def summary_stats(self):
         """End-of-run statistics (JSON-serialisable dict): ``syncs``, ``mode``, ``total`` (C,
@@ -575,64 +632,6 @@ class TaskAllocationProtocol(Protocol):
             self._pending = None if a["pending"] is None else np.asarray(a["pending"], np.int64)
             self._stable_count = int(a["stable_count"])
 
-class _TaskAllocationCallback(keras.callbacks.Callback):
-    """Feeds each step's sample count m_i to the compiled step, times compute, runs the epoch exchange."""
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.p = protocol
-
-    def on_train_begin(self, logs=None):
-        if self.p._data is None and self.p._stream is None:
-            raise RuntimeError("TaskAllocation: train on the data returned by opt.hetsync_protocol.fit_data(x, y, "
-                               "batch_size) or opt.hetsync_protocol.fit_dataset(per_rank_unbatched_dataset, "
-                               "batch_size): the protocol sets each rank's batch to its share w_i")
-        self.p.begin_fit()
-
-    def on_train_end(self, logs=None):
-        self.p.end_fit()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.p.begin_epoch(epoch)
-        self._t0 = self._steady_t0 = time.perf_counter()
-        self._wait0 = float(self.p._stats["sync_wait_total_ms"].numpy())
-        self._busy = 0.0
-        w = tuple(int(v) for v in self.p.weights)
-        if w != getattr(self, "_pool_w", None):  # speeds are pooled while the allocation stays the same
-            self._rates, self._pool_w = [], w
-        self._steady_samples, self._steady_compute = 0, 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._m = self.p.step_samples(batch)
-        self.p._mb.assign(float(self._m))
-        self._wait_b = float(self.p._stats["sync_wait_total_ms"].numpy())
-        self._tb = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        dt = time.perf_counter() - self._tb
-        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait_b) / 1e3
-        self._busy += dt
-        # the first step of every epoch (graph tracing, data pipeline start, waiting for rank 0's
-        # evaluation of the previous epoch) is not used as a speed sample
-        if batch > 0 or self.p.rounds == 1:
-            if dt - wait > 0:
-                self._rates.append(self._m / (dt - wait))
-            self._steady_samples += self._m
-            self._steady_compute += max(dt - wait, 0.0)
-        else:
-            self._steady_t0 = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.p.rounds == 1:
-            self._steady_t0 = self._t0
-        wall = time.perf_counter() - self._t0
-        wait = (float(self.p._stats["sync_wait_total_ms"].numpy()) - self._wait0) / 1e3
-        compute = max(self._busy - wait, 1e-9)
-        rate = float(np.median(self._rates)) if self._rates else 0.0
-        steady = (self._steady_samples, self._steady_compute, time.perf_counter() - self._steady_t0)
-        self.p.end_epoch(epoch, compute, wait, wall, rate, steady)
-
-
 TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
 
     Paper section III. Rank i processes w_i micro-batches of ``micro_batch`` samples per
@@ -673,7 +672,7 @@ TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 opti
     ``micro_batch`` and ``global_batch``).
 
     Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
-    hetsync.callbacks.standard(opt))`` (the protocol's callback is part of ``standard``).
+    hetsync.callbacks.standard(opt))`` (its hooks run through ``ProtocolHooks``, part of ``standard``).
 
     Args:
         optimizer: a Keras 3 optimizer instance, e.g. ``keras.optimizers.SGD(0.1)``.
