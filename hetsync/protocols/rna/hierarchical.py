@@ -53,7 +53,6 @@ import threading
 import time
 import typing
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -175,9 +174,40 @@ class HierarchicalRNAProtocol(RNAProtocol):
         for s in ("rnah_group", "rnah_groups", "rnah_ps_syncs", "rnah_regroups"):
             self.add_stat(s)
 
-    def callbacks(self):
-        """:class:`RNAHCallback`: a server rank serves at train begin; workers measure their warm-up steps."""
-        return [RNAHCallback(self)]
+    # -- the hook set: a server serves at train begin; workers time their warm-up steps -----------------
+    # (``steps_per_execution`` > 1 is refused before, by :meth:`check_fit`: the step times are per step)
+    def on_train_begin(self, model, params):
+        """A server rank serves until every worker is done (:meth:`serve`), then stops its ``fit`` (one
+        more step changes nothing). A worker with ``groups="auto"`` before the groups are formed starts
+        timing its warm-up steps.
+
+        Returns:
+            True on a server rank (training stops).
+        """
+        self._warmup_seen, self._warmup_ms = 0, []
+        self._measure = not self.serves and self.cfg.groups == "auto" and self.epoch == 0
+        if self.serves:
+            self.serve()
+            return True
+        return False
+
+    def on_train_batch_begin(self, batch):
+        """Start the step's clock (seconds, ``time.perf_counter``)."""
+        self._t_batch = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs):
+        """While measuring: the wall time of steps 2 .. ``warmup_steps`` + 1 (milliseconds, batch begin to
+        batch end) is averaged and sent to rank 0 (:meth:`report_time`)."""
+        if not getattr(self, "_measure", False):
+            return
+        dt = (time.perf_counter() - self._t_batch) * 1e3
+        self._warmup_seen += 1
+        if self._warmup_seen == 1:
+            return  # the first step traces and compiles
+        self._warmup_ms.append(dt)
+        if len(self._warmup_ms) == self.cfg.warmup_steps:
+            self._measure = False
+            self.report_time(float(np.mean(self._warmup_ms)))
 
     def _my_group(self):
         for g, group in enumerate(self.groups):
@@ -188,7 +218,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
     def start(self):
         """Train begin, every rank: the dispatcher and the shard plan; a worker also creates the caches and
         starts its communication thread (and a heartbeat thread towards the servers); a server prepares its
-        loop (run by :class:`RNAHCallback`).
+        loop (run by the on_train_begin hook).
 
         Raises:
             ValueError: servers leaving no worker, or more servers than parameters.
@@ -265,7 +295,7 @@ class HierarchicalRNAProtocol(RNAProtocol):
         self._set_stat("rnah_regroups", sum(1 for c in self.changes if c["source"] == "auto"))
 
     def serve(self):
-        """On a server rank (called by :class:`RNAHCallback` at train begin): serve until every worker is done.
+        """On a server rank (called by the on_train_begin hook): serve until every worker is done.
         A failure is kept and raised on every rank by :meth:`stop`."""
         try:
             self._server_stats = self.server.serve()
@@ -629,48 +659,6 @@ class HierarchicalRNAProtocol(RNAProtocol):
         parameters after the overwrite, sha1 of the pulled model]), flat RNA's staleness histogram, dropped
         gradients, drift and per-rank totals."""
         return dict(self._summary) if self._summary else super().summary_stats()
-
-
-class RNAHCallback(keras.callbacks.Callback):
-    """Hierarchical RNA between compiled steps (placed by :func:`hetsync.callbacks.standard`).
-
-    ``on_train_begin``: a server rank serves until every worker is done, then stops its ``fit`` (one more step
-    changes nothing). On a worker with ``groups="auto"`` before the groups are formed: the wall time of steps
-    2 .. ``warmup_steps`` + 1 (milliseconds, from batch begin to batch end) is averaged and sent to rank 0.
-
-    Args:
-        protocol: the :class:`HierarchicalRNAProtocol`.
-
-    ``steps_per_execution`` > 1 is refused before, by :meth:`Protocol.check_fit` (the step times are
-    measured per step).
-    """
-
-    def __init__(self, protocol):
-        super().__init__()
-        self.protocol = protocol
-
-    def on_train_begin(self, logs=None):
-        p = self.protocol
-        self._seen, self._times = 0, []
-        self._measure = not p.serves and p.cfg.groups == "auto" and p.epoch == 0
-        if p.serves:
-            p.serve()
-            self.model.stop_training = True
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._t = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self._measure:
-            return
-        dt = (time.perf_counter() - self._t) * 1e3
-        self._seen += 1
-        if self._seen == 1:
-            return  # the first step traces and compiles
-        self._times.append(dt)
-        if len(self._times) == self.protocol.cfg.warmup_steps:
-            self._measure = False
-            self.protocol.report_time(float(np.mean(self._times)))
 
 
 HierarchicalRNA = protocol_wrapper(HierarchicalRNAProtocol, """Wrap a Keras 3 optimizer for hierarchical RNA (RNA section 4): flat RNA inside speed groups, a parameter server between groups.
