@@ -78,3 +78,21 @@ def test_no_module_writes_into_a_protocol_or_onto_the_keras_model():
                 if rel.startswith("data" + os.sep) and owner in ("protocol", "proto", "self.protocol"):
                     bad.append(f"{rel}:{line}: {owner}.{attr} (a data module writing into a protocol)")
     assert not bad, "\n".join(bad)
+
+
+def test_protocols_define_no_keras_callback_the_hook_set_replaces_them():
+    """Keras events reach a protocol through ProtocolHooks and the protocol's hook set only: no protocol
+    module defines a ``keras.callbacks.Callback`` subclass or overrides ``callbacks()``."""
+    import ast
+
+    root = os.path.join(os.path.dirname(hetsync.__file__), "protocols")
+    found = []
+    for dirpath, _, files in os.walk(root):
+        for f in (f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, f)
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ClassDef) and any("Callback" in ast.unparse(b) for b in node.bases):
+                    found.append(f"{os.path.relpath(path, root)}: class {node.name}")
+                if isinstance(node, ast.FunctionDef) and node.name == "callbacks":
+                    found.append(f"{os.path.relpath(path, root)}: def callbacks")
+    assert not found, found
