@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from hetsync import transport, world
+from hetsync.transport import channels
 from hetsync.core.controls import OVERRUN_WARN_FRACTION
 from hetsync.core.wrapper import protocol_of
 from hetsync.emulation import faults as emulation_faults
@@ -261,15 +262,8 @@ class MetricAverage(keras.callbacks.Callback):
         if (not proto.capabilities.collectives_in_thread and not with_servers) or world.size() == 1:
             return transport.allgather_object(mine, name=f"hetsync_metric_average_{epoch}")
         # over the workers only (ranks 0 .. n - 1) when some ranks serve parameters
-        d, rank, n = transport.dispatcher(), world.rank(), proto.roles.num_workers
-        if rank != 0:
-            d.send(0, "metrics.gather", mine, tag=epoch)
-            return d.recv("metrics.result", source=0, tag=epoch, timeout_s=self.timeout_s).obj
-        rows = [mine] + [d.recv("metrics.gather", source=r, tag=epoch, timeout_s=self.timeout_s).obj
-                         for r in range(1, n)]
-        for r in range(1, n):
-            d.send(r, "metrics.result", rows, tag=epoch)
-        return rows
+        return transport.dispatcher().gather_at(0, range(proto.roles.num_workers), channels.METRICS_GATHER,
+                                                channels.METRICS_RESULT, mine, tag=epoch, timeout_s=self.timeout_s)
 
     def on_epoch_end(self, epoch, logs=None):
         proto = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)

@@ -47,15 +47,16 @@ import warnings
 
 import numpy as np
 from hetsync.errors import PoolError
+from hetsync.transport import channels
 
 __all__ = ["PoolState", "PoolServer", "PoolClient", "PoolError", "epoch_order", "plan", "REQUEST", "REPLY",
            "DATA_PLANS", "DEFAULT_TIMEOUT_S", "check_data_plan"]
 
 #: channel of requests (``("claim", epoch, seq)``, ``("confirm", epoch, indices)``) to the pool server.
-REQUEST = "pool.request"
+REQUEST = channels.POOL_REQUEST
 #: channel of the server's replies ``(epoch, seq, indices or None, batches of the epoch handed out so far)``,
 #: tagged with ``seq``.
-REPLY = "pool.reply"
+REPLY = channels.POOL_REPLY
 #: the data plans a protocol with a ``data_plan`` field accepts.
 DATA_PLANS = ("pool", "shard")
 #: default seconds a rank waits for the pool server's reply.

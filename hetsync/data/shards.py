@@ -29,6 +29,7 @@ import numpy as np
 
 from hetsync import transport
 from hetsync import world
+from hetsync.transport import channels
 
 log = logging.getLogger("hetsync")
 
@@ -309,7 +310,7 @@ class InjectionDataset(BatchDataset):
     """
 
     #: the dispatcher channel of injected samples.
-    CHANNEL = "selsync.inject"
+    CHANNEL = channels.SELSYNC_INJECT
 
     def __init__(self, x, y, sampler, alpha, beta, seed=0, timeout_s=120.0):
         super().__init__(x, y, sampler)

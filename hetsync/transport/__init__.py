@@ -4,7 +4,8 @@
   broadcast; never its Keras layer, broken on Keras 3) and :func:`allgather_object`, the one
   helper for cross-rank statistics. They may run inside a compiled ``tf.function`` (except
   ``allgather_object``), under MPI, Gloo or a world of one rank.
-* :mod:`hetsync.transport.p2p`: point-to-point messages through one :class:`Dispatcher` per
+* :mod:`hetsync.transport.p2p` (and :mod:`hetsync.transport.endpoint`, which creates it; the channel
+  names in :mod:`hetsync.transport.channels`): point-to-point messages through one :class:`Dispatcher` per
   process (its own duplicated communicator, a receive thread routing messages to named channels,
   timeouts on every wait, a counted shutdown). Needs an MPI launch (or a world of one rank).
 
@@ -13,7 +14,8 @@ MPI itself is initialised (with thread support, the world shared with horovod) b
 
 """
 from hetsync.transport.collectives import allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables, max_abs_difference_across_ranks
-from hetsync.transport.p2p import Dispatcher, Message, TransportError, TransportTimeout, dispatcher, shutdown
+from hetsync.transport.endpoint import dispatcher, shutdown
+from hetsync.transport.p2p import Dispatcher, Message, TransportError, TransportTimeout
 
 __all__ = [
     "allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",

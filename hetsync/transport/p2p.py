@@ -1,13 +1,12 @@
 """Point-to-point messages: one dispatcher per process, named channels, a timeout on every wait.
 
-RNA's controller traffic and SelSync's data injection use it today; Hop's update and token queues
-and the parameter servers will add most of hetsync's point-to-point traffic. Everything goes
-through one :class:`Dispatcher` per process (mpi4py with ``MPI_THREAD_MULTIPLE``
+RNA's controller, SelSync's data injection, Hop's update and token queues, the parameter servers and
+the sample pool all go through one :class:`Dispatcher` per process (mpi4py with ``MPI_THREAD_MULTIPLE``
 shares the MPI world with horovod; a background thread may send and receive on a duplicated
 communicator while the main thread trains with horovod's collectives):
 
 * its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a
-  user's. The first :func:`dispatcher` call creates it and is therefore *collective*: every rank
+  user's. The first :func:`hetsync.transport.endpoint.dispatcher` call creates it and is therefore *collective*: every rank
   must make it (protocols do, in ``start`` or ``fit_data``);
 * one receive thread that takes every incoming message (matched probe, then receive) and appends
   it to its channel's queue. It polls every :data:`POLL_S` seconds and sleeps in between, because
@@ -23,23 +22,19 @@ communicator while the main thread trains with horovod's collectives):
   for outstanding sends, counting those that do not complete, stops and joins the thread, counts
   unread messages and frees the communicator.
 
-Channels are plain names (``"rna.control"``, ``"selsync.inject"``, later ``"hop.update"``,
-``"hop.token"``, ``"ps.request"``); a message for a channel nobody reads yet waits in its queue.
-Every message sent, received, read, discarded or left undelivered is counted per channel
-(:meth:`Dispatcher.stats`): nothing is dropped silently.
+Every channel name is in :mod:`hetsync.transport.channels`. Every message sent, received, read, discarded or
+left undelivered is counted per channel (:meth:`Dispatcher.stats`): nothing is dropped silently.
 """
-import atexit
 import collections
 import logging
 import numbers
 import threading
 import time
 
-from hetsync import world
 from hetsync.errors import TransportError, TransportTimeout
 
-__all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
-           "DEFAULT_TIMEOUT_S", "CREATE_TIMEOUT_S", "MPI_TAG", "COUNTERS"]
+__all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "POLL_S", "DEFAULT_TIMEOUT_S", "MPI_TAG",
+           "COUNTERS", "WAIT_SLICE_S"]
 
 log = logging.getLogger("hetsync")
 
@@ -49,9 +44,8 @@ MPI_TAG = 4853
 POLL_S = 0.0005
 #: default timeout in seconds of :meth:`Dispatcher.recv`, :meth:`Dispatcher.flush` and :meth:`Dispatcher.drain`.
 DEFAULT_TIMEOUT_S = 60.0
-#: seconds the first :func:`dispatcher` call waits for every rank to make it (the collective communicator
-#: duplication) before :class:`TransportTimeout`; every rank makes it at a protocol's start.
-CREATE_TIMEOUT_S = 120.0
+#: seconds :meth:`Dispatcher.recv_or_fail` waits at a time before it looks at its failure channel again.
+WAIT_SLICE_S = 0.05
 #: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the
 #: thread, returned by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends that
 #: had not completed when ``shutdown`` gave up on them.
@@ -76,11 +70,8 @@ class _End:
 _END = _End()
 
 
-class _Send:
-    __slots__ = ("request", "dest", "channel", "tag", "marker")
-
-    def __init__(self, request, dest, channel, tag, marker):
-        self.request, self.dest, self.channel, self.tag, self.marker = request, dest, channel, tag, marker
+#: one tracked send: the MPI request, the destination rank, the channel, the tag, and whether it is an end marker.
+_Send = collections.namedtuple("_Send", ["request", "dest", "channel", "tag", "marker"])
 
 
 def _who(source):
@@ -389,6 +380,78 @@ class Dispatcher:
                         pending=[(source, channel, tag)])
                 self._cv.wait(remaining)
 
+    def recv_or_fail(self, channel, source, tag=None, timeout_s=DEFAULT_TIMEOUT_S, fail_channel=None,
+                     error=TransportTimeout, late=None, failed=None):
+        """Wait for one message from ``source``, unless a failure report or the deadline comes first.
+
+        Returns the oldest message on ``channel`` from ``source`` with ``tag``; a message on ``fail_channel``
+        (a peer reporting its failure, e.g. a parameter server's ``ps.error``) or the deadline raises.
+
+        Args:
+            channel: str. source: int rank. tag: None or the sender's tag.
+            timeout_s: float seconds >= 0 in all.
+            fail_channel: str or None, a channel whose any message means the peer failed.
+            error: exception class to raise (a :class:`hetsync.errors.HetsyncError` subclass).
+            late: str, the message of the timeout error (default: names this rank, the peer, the
+                channel, the tag and the seconds waited).
+            failed: callable ``(source rank, report object) -> str``, the message of a failure report
+                (default: "rank R failed: REPORT").
+
+        Returns:
+            the message's object (not the :class:`Message`).
+
+        Raises:
+            error: a failure report arrived, or nothing within ``timeout_s``.
+            TransportError: the dispatcher failed or was shut down while waiting.
+        """
+        self._check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = self.poll(channel, source=source, tag=tag)
+            if message is not None:
+                return message.obj
+            report = self.poll(fail_channel) if fail_channel is not None else None
+            if report is not None:
+                text = failed(report.source, report.obj) if failed else f"rank {report.source} failed: {report.obj}"
+                raise error(f"rank {self.rank}: {text}" if failed is None else text)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise error(late or f"rank {self.rank}: nothing on channel {channel!r} from {_who(source)}"
+                                    f"{_tag_text(tag)} within {timeout_s:g} s (the peer is dead or stalled)")
+            try:
+                return self.recv(channel, source=source, tag=tag, timeout_s=min(WAIT_SLICE_S, remaining)).obj
+            except TransportTimeout:
+                continue
+
+    def gather_at(self, root, ranks, channel, result_channel, value, tag=None, timeout_s=DEFAULT_TIMEOUT_S):
+        """An allgather over ``ranks`` by messages through ``root`` (every rank in ``ranks`` calls it): usable
+        while another thread runs horovod collectives, and over the workers only when some ranks serve.
+
+        Args:
+            root: int rank in ``ranks`` that collects. ranks: list of int ranks, in the order of the result.
+            channel: str, the channel of the values sent to ``root``. result_channel: str, of the
+                list sent back. value: any picklable object. tag: None or a tag that tells one gather
+                from the next (e.g. the epoch). timeout_s: float seconds each wait may take.
+
+        Returns:
+            list of the ranks' values, in the order of ``ranks`` (the same list on every rank).
+
+        Raises:
+            TransportTimeout: a rank's value or the result did not arrive within ``timeout_s``.
+            ValueError: this rank or ``root`` is not in ``ranks``.
+        """
+        ranks = [int(r) for r in ranks]
+        if self.rank not in ranks or root not in ranks:
+            raise ValueError(f"gather_at: rank {self.rank} and root {root} must be in ranks {ranks}")
+        if self.rank != root:
+            self.send(root, channel, value, tag=tag)
+            return self.recv(result_channel, source=root, tag=tag, timeout_s=timeout_s).obj
+        rows = [value if r == root else self.recv(channel, source=r, tag=tag, timeout_s=timeout_s).obj for r in ranks]
+        for r in ranks:
+            if r != root:
+                self.send(r, result_channel, rows, tag=tag)
+        return rows
+
     def wait(self, channels, timeout_s):
         """Wait up to ``timeout_s`` seconds for any message to be queued on one of ``channels``.
 
@@ -534,82 +597,3 @@ class Dispatcher:
         with self._cv:
             self._report = report
         return report
-
-
-_lock = threading.Lock()
-_state = {"dispatcher": None, "atexit": False, "pending": None}
-
-
-def dispatcher(timeout_s=None):
-    """Return this process's :class:`Dispatcher`, creating it (and its thread) at the first call.
-
-    The first call duplicates ``MPI.COMM_WORLD`` and is therefore collective: every rank must make
-    it (protocols call it on every rank in ``start`` or ``fit_data``). The duplication is a
-    non-blocking ``MPI_Comm_idup`` polled every :data:`POLL_S` x 10 seconds, so a rank that never
-    makes the call (dead, stalled, or on another code path) fails the others with a clear error
-    instead of a silent hang; a call that timed out leaves its duplication pending and
-    the next call waits for that same one. Works under a world of one rank (messages to oneself).
-
-    Args:
-        timeout_s: float seconds > 0 the first call waits for every rank (default
-            :data:`CREATE_TIMEOUT_S`); ignored once the dispatcher exists.
-
-    Raises:
-        RuntimeError: hetsync is not initialised, or the job runs on Gloo (no MPI point-to-point).
-        TransportTimeout: not every rank made its first call within ``timeout_s`` (names this rank
-            and the world size).
-        ValueError: a bad ``timeout_s``.
-    """
-    timeout_s = CREATE_TIMEOUT_S if timeout_s is None else timeout_s
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"dispatcher: timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    with _lock:
-        d = _state["dispatcher"]
-        if d is None:
-            world.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
-            d = Dispatcher(_duplicate_world(timeout_s))
-            _state["pending"] = None
-            _state["dispatcher"] = d
-            world.register_shutdown(shutdown)  # hetsync.shutdown() counts what is in flight
-            if not _state["atexit"]:
-                atexit.register(_shutdown_at_exit)
-                _state["atexit"] = True
-        return d
-
-
-def _duplicate_world(timeout_s):
-    """``MPI.COMM_WORLD`` duplicated collectively (``Idup``), waiting at most ``timeout_s`` seconds."""
-    from mpi4py import MPI
-
-    comm_world = MPI.COMM_WORLD
-    if _state.get("pending") is None:  # a call that timed out left its duplication pending: wait for that one
-        _state["pending"] = comm_world.Idup()
-    comm, request = _state["pending"]
-    deadline = time.monotonic() + timeout_s
-    while not request.Test():
-        if time.monotonic() > deadline:
-            raise TransportTimeout(
-                f"rank {comm_world.Get_rank()}: timed out after {timeout_s:g} s creating the point-to-point dispatcher "
-                f"(a collective duplication of the world of {comm_world.Get_size()} ranks): some rank did not call "
-                "hetsync.transport.dispatcher() (dead, stalled or on another code path)")
-        time.sleep(POLL_S * 10)
-    return comm
-
-
-def shutdown(timeout_s=5.0):
-    """Shut this process's dispatcher down (see :meth:`Dispatcher.shutdown`); the next
-    :func:`dispatcher` call creates a new one (collectively).
-
-    Returns:
-        the shutdown report (dict), or None if there was no dispatcher.
-    """
-    with _lock:
-        d, _state["dispatcher"] = _state["dispatcher"], None
-    return None if d is None else d.shutdown(timeout_s)
-
-
-def _shutdown_at_exit():
-    try:
-        shutdown(2.0)
-    except Exception:  # noqa: BLE001 - never fail the interpreter's exit
-        pass

@@ -96,3 +96,25 @@ def test_protocols_define_no_keras_callback_the_hook_set_replaces_them():
                 if isinstance(node, ast.FunctionDef) and node.name == "callbacks":
                     found.append(f"{os.path.relpath(path, root)}: def callbacks")
     assert not found, found
+
+
+def test_channel_names_live_in_transport_channels_only():
+    """Rule 10: every point-to-point channel name is spelled once, in hetsync.transport.channels."""
+    import ast
+
+    from hetsync.transport import channels
+
+    assert len(set(channels.ALL)) == len(channels.ALL) and all(isinstance(c, str) for c in channels.ALL)
+    assert {getattr(channels, n) for n in channels.__all__ if n != "ALL"} == set(channels.ALL)
+    names = set(channels.ALL)
+    root = os.path.dirname(hetsync.__file__)
+    spelled = []
+    for dirpath, _, files in os.walk(root):
+        for f in (f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, f)
+            if os.path.relpath(path, root) == os.path.join("transport", "channels.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    spelled.append(f"{os.path.relpath(path, root)}:{node.lineno}: {node.value!r}")
+    assert not spelled, spelled

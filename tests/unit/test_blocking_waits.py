@@ -231,9 +231,9 @@ def test_inventory_is_complete_and_allowlist_is_current():
     calls = {(i["file"], i["call"]) for i in INVENTORY}
     for expected in [("hetsync/protocols/hop/protocol.py", "ops.hop_token_take"),
                      ("hetsync/protocols/rna/protocol.py", "self._thread.join"),
-                     ("hetsync/protocols/taskalloc/protocol.py", "self._plan_cv.wait_for"),
+                     ("hetsync/protocols/taskalloc/data.py", "self._plan_cv.wait_for"),
                      ("hetsync/transport/p2p.py", "while"),
-                     ("hetsync/callbacks/metrics.py", "d.recv"),
+                     ("hetsync/transport/p2p.py", "self.recv"),
                      ("hetsync/bench/launch.py", "proc.communicate")]:
         assert expected in calls, f"{expected} missing from the inventory"
 

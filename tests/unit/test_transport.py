@@ -11,6 +11,7 @@ import pytest
 
 import hetsync
 from hetsync import transport
+from hetsync.errors import TransportTimeout
 from hetsync.transport.p2p import Dispatcher
 
 from conftest import ROOT, _env
@@ -180,7 +181,7 @@ def test_only_world_and_transport_import_mpi4py():
         if (mods or calls) and not allowed:
             offenders.append(f"{rel}: {mods + calls}")
     assert not offenders, offenders
-    assert sorted(found) == ["transport/p2p.py", "world.py"]  # the check does see the real imports
+    assert sorted(found) == ["transport/endpoint.py", "transport/p2p.py", "world.py"]  # it sees the real imports
     assert not hasattr(transport, "p2p_comm")  # no raw communicator is handed out
 
 
@@ -219,3 +220,24 @@ def test_tell_is_best_effort_and_names_who_may_not_know():
     assert d.sent == [(1, "ps.error", "server stopped"), (3, "ps.error", "server stopped")]
     d = _TellDouble(stuck=True)  # never raises, even when the flush times out: every rank may not know
     assert d.tell((r for r in [4, 5]), "ps.error", "x", timeout_s=0.1) == [4, 5]
+
+
+def test_recv_or_fail_returns_the_message_raises_on_a_failure_report_and_on_the_deadline(p2p):
+    from hetsync.errors import PSError
+
+    p2p.send(0, "t.data", "payload", tag=3)
+    assert p2p.recv_or_fail("t.data", 0, tag=3, timeout_s=5, fail_channel="t.fail") == "payload"
+    p2p.send(0, "t.fail", "disk full")
+    with pytest.raises(PSError, match="server 0 died: disk full"):
+        p2p.recv_or_fail("t.data", 0, tag=4, timeout_s=5, fail_channel="t.fail", error=PSError,
+                         failed=lambda src, obj: f"server {src} died: {obj}")
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match=r"rank 0: nothing on channel 't.data' from rank 0 with tag 5 within 0.2 s"):
+        p2p.recv_or_fail("t.data", 0, tag=5, timeout_s=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+
+
+def test_gather_at_returns_every_ranks_value_in_rank_order(p2p):
+    assert p2p.gather_at(0, [0], "t.gather", "t.result", {"loss": 1.5}, tag=7, timeout_s=5) == [{"loss": 1.5}]
+    with pytest.raises(ValueError, match="root 1 must be in ranks"):
+        p2p.gather_at(1, [0], "t.gather", "t.result", 1)

@@ -56,6 +56,7 @@ from hetsync.core.protocol import Capabilities, Protocol
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.wrapper import protocol_wrapper
 from hetsync.errors import HopError
+from hetsync.transport import channels
 
 __all__ = ["Hop", "HopProtocol", "HopConfig", "HopError", "UPDATE", "TOKEN", "staleness_weights",
            "staleness_reduce"]
@@ -63,11 +64,11 @@ __all__ = ["Hop", "HopProtocol", "HopConfig", "HopError", "UPDATE", "TOKEN", "st
 log = logging.getLogger("hetsync")
 
 #: point-to-point channel of the parameter updates (tag: the iteration; object: list of arrays).
-UPDATE = "hop.update"
+UPDATE = channels.HOP_UPDATE
 #: point-to-point channel of the tokens (object: ``(count, iteration)``).
-TOKEN = "hop.token"
+TOKEN = channels.HOP_TOKEN
 #: point-to-point channel of an early stop: ``(rank, iteration, total)`` closes every queue on the receiver.
-ABORT = "hop.abort"
+ABORT = channels.HOP_ABORT
 #: gap histogram range: Iter(j) - Iter(i) clipped to [-GAP_RANGE, GAP_RANGE].
 GAP_RANGE = 16
 

@@ -27,15 +27,16 @@ import numpy as np
 
 from hetsync import transport
 from hetsync.errors import PSError
+from hetsync.transport import channels
 
 __all__ = ["plan_shards", "ParameterServer", "PSError", "PUSH", "PULL", "ERROR", "SHARDINGS"]
 
 #: worker -> server: tag = the worker's iteration t (int) or ``"done"``; obj = ``(eta, g shard, sent_at)``.
-PUSH = "ps.push"
+PUSH = channels.PS_PUSH
 #: server -> worker: tag = t; obj = ``(w~ shard float32 [hi - lo], c_i int)``.
-PULL = "ps.pull"
+PULL = channels.PS_PULL
 #: server -> worker: a server's failure, obj = the message (the worker raises it at once).
-ERROR = "ps.error"
+ERROR = channels.PS_ERROR
 #: the sharding modes of section 4.4.
 SHARDINGS = ("layer", "memory")
 #: SSP lead histogram range: t + 1 - min clock at a reply, clipped to [0, LEAD_RANGE].

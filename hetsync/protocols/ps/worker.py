@@ -274,26 +274,15 @@ class PSProtocol(Protocol):
         st["ps_step"].assign(float(t))
 
     def _await(self, k, t, t0):
-        server = self.server_ranks[k]
-        deadline = t0 + self.cfg.timeout_s
-        while True:
-            message = self._p2p.poll(PULL, source=server, tag=t)
-            if message is not None:
-                return message.obj
-            error = self._p2p.poll(ERROR)
-            if error is not None:
-                raise PSError(f"{self.display_name}: worker rank {self._p2p.rank}: parameter server rank "
-                              f"{error.source} failed: {error.obj}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PSError(f"{self.display_name}: worker rank {self._p2p.rank}: no reply from parameter server "
-                              f"{k} (rank {server}) to the push of iteration {t} within {self.cfg.timeout_s:g} s: "
-                              f"the server died or stalled")
-            try:
-                message = self._p2p.recv(PULL, source=server, tag=t, timeout_s=min(0.05, remaining))
-                return message.obj
-            except transport.TransportTimeout:
-                continue
+        """Server k's reply to the push of iteration t (pushed at ``t0``, ``time.monotonic`` seconds); a
+        server's failure report raises at once, no reply within ``timeout_s`` raises :class:`PSError`."""
+        server, me = self.server_ranks[k], self._p2p.rank
+        return self._p2p.recv_or_fail(
+            PULL, server, tag=t, timeout_s=max(0.0, t0 + self.cfg.timeout_s - time.monotonic()), fail_channel=ERROR,
+            error=PSError,
+            late=(f"{self.display_name}: worker rank {me}: no reply from parameter server {k} (rank {server}) to the "
+                  f"push of iteration {t} within {self.cfg.timeout_s:g} s: the server died or stalled"),
+            failed=lambda src, obj: f"{self.display_name}: worker rank {me}: parameter server rank {src} failed: {obj}")
 
     # -- the end (every rank) -------------------------------------------------------------------------------
     def stop(self):

@@ -23,15 +23,16 @@ import logging
 import time
 
 import numpy as np
+from hetsync.transport import channels
 
 __all__ = ["Controller", "RoundLoop", "CONTROL", "TO_CONTROLLER", "CONTROLLER_RANK"]
 
 log = logging.getLogger("hetsync")
 
 #: channel of the controller's messages to every rank.
-CONTROL = "rna.control"
+CONTROL = channels.RNA_CONTROL
 #: channel of the ranks' messages to the controller.
-TO_CONTROLLER = "rna.to_controller"
+TO_CONTROLLER = channels.RNA_TO_CONTROLLER
 #: the rank that runs the controller.
 CONTROLLER_RANK = 0
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from hetsync import ops, transport
+from hetsync import ops
 from hetsync.protocols.ps.server import ERROR
 from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER
 from hetsync.protocols.rna.groups import (BCAST, FROM_SERVER, PARAMS, PARAMS_BACK, REDUCE, RESULT, TO_SERVER, RNAHError,
@@ -31,23 +31,11 @@ class GroupRounds:
 
     def _recv(self, channel, source, tag, what):
         """Wait up to ``timeout_s`` for one message; a server's failure (channel ``ps.error``) raises at once."""
-        deadline = time.monotonic() + self.cfg.timeout_s
-        while True:
-            m = self._p2p.poll(channel, source=source, tag=tag)
-            if m is not None:
-                return m.obj
-            err = self._p2p.poll(ERROR)
-            if err is not None:
-                raise RNAHError(f"HierarchicalRNA: worker rank {self._rank}: parameter server rank {err.source} "
-                                f"failed: {err.obj}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RNAHError(f"HierarchicalRNA: rank {self._rank}: no {what} from rank {source} within "
-                                f"timeout_s={self.cfg.timeout_s:g} s (dead or stalled)")
-            try:
-                return self._p2p.recv(channel, source=source, tag=tag, timeout_s=min(0.05, remaining)).obj
-            except transport.TransportTimeout:
-                continue
+        return self._p2p.recv_or_fail(
+            channel, source, tag=tag, timeout_s=self.cfg.timeout_s, fail_channel=ERROR, error=RNAHError,
+            late=(f"HierarchicalRNA: rank {self._rank}: no {what} from rank {source} within "
+                  f"timeout_s={self.cfg.timeout_s:g} s (dead or stalled)"),
+            failed=lambda src, obj: f"HierarchicalRNA: worker rank {self._rank}: parameter server rank {src} failed: {obj}")
 
     def _group_sum(self, vec, initiator, tag, what):
         """Sum float32 vectors over the group at the initiator (members in rank order) and return the sum on

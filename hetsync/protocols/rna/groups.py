@@ -34,25 +34,26 @@ from hetsync import transport
 from hetsync.protocols.ps.server import ERROR
 from hetsync.protocols.rna.control import Controller
 from hetsync.errors import RNAHError
+from hetsync.transport import channels
 
 __all__ = ["speed_groups", "check_groups", "parse_groups", "check_groups_fit", "GroupController", "SlotAverage",
            "GroupServer", "RNAHError", "TO_SERVER", "FROM_SERVER", "REDUCE", "RESULT", "PARAMS", "PARAMS_BACK",
            "BCAST", "GROUP_CHANNELS"]
 
 #: worker -> server (tags "push", "groups", "alive", "done").
-TO_SERVER = "rnah.server"
+TO_SERVER = channels.RNAH_TO_SERVER
 #: server -> the pushing initiator: tag = the push's sequence number, obj = float32 shard of the mean.
-FROM_SERVER = "rnah.server_reply"
+FROM_SERVER = channels.RNAH_FROM_SERVER
 #: group member -> round initiator: ``[w g', w]`` float32 [P + 1], tag ``(epoch, round)``.
-REDUCE = "rnah.reduce"
+REDUCE = channels.RNAH_REDUCE
 #: round initiator -> group members: the sum over the group, float32 [P + 1], tag ``(epoch, round)``.
-RESULT = "rnah.result"
+RESULT = channels.RNAH_RESULT
 #: group member -> initiator in a parameter round (average / drift): ``(x float32 [P], active bool)``.
-PARAMS = "rnah.params"
+PARAMS = channels.RNAH_PARAMS
 #: initiator -> members in a parameter round: ``(mean float32 [P] or None, drift float)``.
-PARAMS_BACK = "rnah.params_back"
+PARAMS_BACK = channels.RNAH_PARAMS_BACK
 #: initiator -> members after the server exchange: the pulled model, float32 [P] (phase 3).
-BCAST = "rnah.bcast"
+BCAST = channels.RNAH_BCAST
 #: the channels only workers use (drained among the workers at the end of a fit).
 GROUP_CHANNELS = (REDUCE, RESULT, PARAMS, PARAMS_BACK, BCAST)
 
