@@ -15,6 +15,8 @@ SLOWDOWN ?= device:40+random:6
 MNIST_DIR := ../shared/data/mnist-t10k
 # The MNIST files beside the repository when present (3 epochs), else scikit-learn's embedded digits (16 epochs).
 ifneq ($(wildcard $(MNIST_DIR)/*idx*),)
+# the data location is a setting (HETSYNC_DATA_DIR) for the jobs, the benchmarks and the suite's MNIST cases
+export HETSYNC_DATA_DIR ?= $(abspath $(MNIST_DIR))
 DATA ?= --dataset mnist-idx --data-dir $(MNIST_DIR)
 EPOCHS ?= 3
 EVAL_EVERY ?= 8

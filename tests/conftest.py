@@ -18,7 +18,8 @@ _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS_DIR = os.path.join(ROOT, "tests", "jobs")
-MNIST_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
+# MNIST's IDX files: the data setting (HETSYNC_DATA_DIR) if given, else the copy beside the checkout when present
+MNIST_DIR = os.environ.get("HETSYNC_DATA_DIR") or os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
 PY = sys.executable
 BIN = os.path.dirname(PY)
 
@@ -155,7 +156,7 @@ def read_jsonl(path):
 @pytest.fixture
 def mnist_dir():
     if not os.path.isdir(MNIST_DIR):
-        pytest.skip(f"shared MNIST files not found at {MNIST_DIR}")
+        pytest.skip(f"MNIST IDX files not found at {MNIST_DIR} (set HETSYNC_DATA_DIR)")
     return MNIST_DIR
 
 

@@ -35,7 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from hetsync.bench import efficiency, launch, matrix  # noqa: E402
-import hetsync.bench.matrix
 
 
 def variants(scenario, args):

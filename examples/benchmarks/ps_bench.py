@@ -52,7 +52,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from hetsync.bench import launch, matrix  # noqa: E402
-import hetsync.bench.matrix
 SUITES = ("accuracy", "straggler", "sharding", "ssp", "mixed")
 
 

@@ -77,8 +77,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from hetsync import emulation as slowdown  # noqa: E402
 from hetsync.bench import efficiency, launch  # noqa: E402
-import hetsync.bench.efficiency
-import hetsync.protocols.taskalloc.protocol
 
 PY = sys.executable
 
@@ -147,7 +145,7 @@ def solo_speeds(spec, batches, args, out, cache):
     """Solo speeds (samples/s, list) of ranks with per-step batches ``batches`` under ``spec``, cached."""
     key = (spec, tuple(batches))
     if key not in cache:
-        job = ["examples/keras_digits.py", "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
+        job = [*launch.JOB, "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
                args.model, "--lr", str(args.lr), "--epochs", str(args.solo_epochs)]
         per_rank = [["--batch-size", str(b), "--epochs", str(math.ceil(args.solo_epochs * b / min(batches)))]
                     for b in batches]
@@ -158,7 +156,7 @@ def solo_speeds(spec, batches, args, out, cache):
 
 
 def run(name, spec, argv, args, out, cache=None):
-    cmd = launch.horovodrun(args.np, [launch.JOB, "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
+    cmd = launch.horovodrun(args.np, [*launch.JOB, "--dataset", "mnist-idx", "--data-dir", args.data_dir, "--model",
                                       args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
                                       "--slowdown", spec, "--quiet", "--out", out] + argv,
                             cycle_time_ms=args.cycle_time_ms if args.cycle_time_ms > 0 else None)
@@ -242,7 +240,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/taskalloc_bench")
     p.add_argument("--np", type=int, default=4, help="ranks (real-CPU mode); the last one runs at half speed")
-    p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "mnist-t10k"))
+    p.add_argument("--data-dir", default=os.environ.get("HETSYNC_DATA_DIR"))
     p.add_argument("--model", default="cnn", choices=("mlp", "cnn"))
     p.add_argument("--total", type=int, default=32, help="C, micro-batches per round")
     p.add_argument("--micro-batch", type=int, default=32,

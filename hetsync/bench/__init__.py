@@ -2,7 +2,7 @@
 
 ``python -m hetsync.bench`` (console script ``hetsync-bench``) runs a matrix of protocols x
 (data set, scenario) cells x seeds, each run a real ``horovodrun --mpi`` launch of
-``examples/keras_digits.py``, interleaved so machine noise hits every protocol alike. The protocols
+``python -m hetsync.bench.job``, interleaved so machine noise hits every protocol alike. The protocols
 are every name registered in :data:`hetsync.protocols.WRAPPERS` (or ``--protocols``).
 
 For each run: time to target accuracy, final test accuracy, steps/s, samples/s and the heterogeneity

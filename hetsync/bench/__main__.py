@@ -46,7 +46,9 @@ def parse_args(argv=None):
                         "step (default: 40 with --scenario; 0 keeps them on the real CPU)")
     p.add_argument("--epochs", type=int, default=None, help="epochs of every run (replace the preset's and the cells')")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per launch")
-    p.add_argument("--out", default=None, help="output folder (default runs/bench-PRESET)")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-PRESET in this directory)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="folder of MNIST's IDX files for the mnist cells (default: $HETSYNC_DATA_DIR)")
     p.add_argument("--no-micro", action="store_true", help="skip the op microbenchmarks")
     p.add_argument("--micro-only", action="store_true", help="run only the op microbenchmarks")
     p.add_argument("--micro-repeats", type=int, default=30, help="timed repetitions per microbenchmark")
@@ -103,6 +105,14 @@ def parse_args(argv=None):
             raise ValueError(f"--micro-repeats must be positive, got {args.micro_repeats}")
     except ValueError as exc:
         p.error(str(exc))
+    if args.data_dir is not None:  # the launched jobs read it from their environment
+        from hetsync.data import DATA_DIR_ENV
+
+        os.environ[DATA_DIR_ENV] = os.path.abspath(args.data_dir)
+    if not args.dry_run and not args.report_from and not args.micro_only:
+        missing = matrix.missing_data(preset)
+        if missing is not None:
+            p.error(str(missing))
     if args.update_readme and args.preset != "full" and not args.report_from:
         print(f"note: --update-readme with preset {args.preset!r}; the README's Results are meant to come "
               "from --preset full", file=sys.stderr)
@@ -114,7 +124,7 @@ def main(argv=None):
     args, preset, names, proto_args = parse_args(argv)
     from hetsync.bench import matrix, table
 
-    out = args.out or os.path.join(matrix.ROOT, "runs", f"bench-{preset.name}")
+    out = args.out or os.path.join("runs", f"bench-{preset.name}")
     order = matrix.plan(preset, names)
     if args.dry_run:
         est = len(order) * matrix.LAUNCH_ESTIMATE_S + len(preset.cells) * matrix.SOLO_ESTIMATE_S

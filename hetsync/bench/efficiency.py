@@ -8,7 +8,7 @@ its CPU share to the others, which the solo runs, all busy at once, never get. B
 the slowest one each step, is expected to reach ``n * min_i v_i / sum_i v_i``.
 
 Solo speeds are measured by :func:`measure_solo`: the n ranks are started at the same time as n
-independent single-process jobs (``examples/keras_digits.py --as-rank i --as-world-size n``), so each
+independent single-process jobs (``python -m hetsync.bench.job --as-rank i --as-world-size n``), so each
 one gets the same share of this machine's cores as in the real run but never waits for another. A
 lone rank does not synchronize, so the ``netdelay`` parts of the scenario (network latency) are left
 out of the solo run (:func:`solo_spec`): the time a protocol spends on the network counts against its E.

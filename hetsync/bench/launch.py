@@ -1,24 +1,33 @@
 """How benchmarks launch a training job: the command line and environment of one multi-process run.
 
 Every benchmark (``hetsync.bench.matrix``, ``pause``, ``soak`` and the scripts in
-``examples/benchmarks/``) runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` or ``mpirun``
-from the repository root; this module is the one place that builds those commands and their
-environment, so a launch flag or variable changes once.
+``examples/benchmarks/``) runs the training job :mod:`hetsync.bench.job` (``python -m
+hetsync.bench.job``, :data:`JOB`) under ``horovodrun --mpi`` or ``mpirun`` from the caller's working
+directory; this module is the one place that builds those commands and their environment, so a
+launch flag or variable changes once. Nothing here depends on a checkout: an installed
+``hetsync-bench`` runs from any directory, with MNIST's files named by ``HETSYNC_DATA_DIR``.
 """
 import os
 import signal
 import subprocess
 import sys
 
-__all__ = ["ROOT", "JOB", "MNIST", "job_env", "horovodrun", "mpirun", "job_argv", "protocol_args", "dataset_args",
+__all__ = ["ROOT", "JOB", "mnist_dir", "job_env", "horovodrun", "mpirun", "job_argv", "protocol_args", "dataset_args",
            "run"]
 
-#: repository root (the folder holding ``examples/``); launched jobs run from here.
+#: the folder that holds the ``hetsync`` package (a checkout's root, or site-packages when installed):
+#: put first on a launched job's ``PYTHONPATH`` so that it imports this very hetsync.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-#: the training job benchmarks launch (relative to :data:`ROOT`).
-JOB = os.path.join("examples", "keras_digits.py")
-#: the MNIST test set in IDX format that ships beside the repository (``../shared/data/mnist-t10k``).
-MNIST = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "mnist-t10k"))
+#: the training job benchmarks launch, as interpreter arguments: ``python -m hetsync.bench.job``.
+JOB = ("-m", "hetsync.bench.job")
+
+
+def mnist_dir():
+    """The folder of MNIST's IDX files named by ``HETSYNC_DATA_DIR`` if it exists, else None (str or None)."""
+    from hetsync.data import data_dir
+
+    folder = data_dir()
+    return folder if folder and os.path.isdir(folder) else None
 
 
 def job_env(stall_shutdown_s=None):
@@ -57,7 +66,7 @@ def horovodrun(np_, argv, cycle_time_ms=None):
     """``horovodrun --mpi -np NP [--cycle-time-ms MS] PYTHON ARGV...`` (list of str).
 
     Args:
-        np_: int >= 1, ranks. argv: list of str, the script (relative to :data:`ROOT`) and its arguments.
+        np_: int >= 1, ranks. argv: list of str, the interpreter's arguments (:data:`JOB` or a script) and the job's.
         cycle_time_ms: float milliseconds or None (horovod's default).
 
     Raises:
@@ -74,7 +83,7 @@ def mpirun(np_, argv):
     """``mpirun --oversubscribe -np NP`` over the loopback interface, then ``PYTHON ARGV...`` (list of str).
 
     Args:
-        np_: int >= 1, ranks. argv: list of str, the script (relative to :data:`ROOT`) and its arguments.
+        np_: int >= 1, ranks. argv: list of str, the interpreter's arguments (:data:`JOB` or a script) and the job's.
 
     Raises:
         ValueError: ``np_`` not an integer >= 1.
@@ -93,15 +102,16 @@ def protocol_args(pairs):
 
 
 def dataset_args(digits=False):
-    """The job's data flags (list of str): MNIST from :data:`MNIST` when that folder exists and ``digits``
-    is false, else scikit-learn's digits."""
-    if os.path.isdir(MNIST) and not digits:
-        return ["--dataset", "mnist-idx", "--data-dir", MNIST]
+    """The job's data flags (list of str): MNIST from :func:`mnist_dir` when it names a folder and
+    ``digits`` is false, else scikit-learn's digits."""
+    folder = mnist_dir()
+    if folder and not digits:
+        return ["--dataset", "mnist-idx", "--data-dir", folder]
     return ["--dataset", "digits"]
 
 
 def job_argv(protocol, out, protocol_args=(), extra=(), **flags):
-    """The training job's argument list (list of str): ``JOB --protocol PROTOCOL``, then ``--FLAG VALUE``
+    """The training job's argument list (list of str): ``-m hetsync.bench.job --protocol PROTOCOL``, then ``--FLAG VALUE``
     for each keyword (underscores become dashes: ``batch_size=32`` gives ``--batch-size 32``; a value of
     None is left out), then ``extra``, ``--out OUT --quiet`` and ``--protocol-arg`` for each
     ``"KEY=VALUE"`` of ``protocol_args``.
@@ -111,7 +121,7 @@ def job_argv(protocol, out, protocol_args=(), extra=(), **flags):
         protocol_args: iterable of str ``"KEY=VALUE"``. extra: iterable of str, flags as they are.
         flags: flag values (str, int or float; seconds, samples or steps as the job's ``--help`` says).
     """
-    argv = [JOB, "--protocol", protocol]
+    argv = [*JOB, "--protocol", protocol]
     for k, v in flags.items():
         if v is not None:
             argv += ["--" + k.replace("_", "-"), str(v)]
@@ -121,11 +131,12 @@ def job_argv(protocol, out, protocol_args=(), extra=(), **flags):
     return argv
 
 
-def run(cmd, timeout_s, capture=True, stall_shutdown_s=None):
-    """Run one launch command from :data:`ROOT` with :func:`job_env`; return its ``CompletedProcess``.
+def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None):
+    """Run one launch command with :func:`job_env`; return its ``CompletedProcess``.
 
     Args:
         cmd: list of str (from :func:`horovodrun` or :func:`mpirun`). timeout_s: float seconds > 0.
+        cwd: str folder the launch runs in (None: this process's working directory).
         capture: bool, capture stdout and stderr as text (else they go to this process's).
         stall_shutdown_s: int seconds or None, passed to :func:`job_env`.
 
@@ -137,7 +148,7 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None):
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     pipe = subprocess.PIPE if capture else None
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(stall_shutdown_s), stdout=pipe, stderr=pipe, text=True,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(stall_shutdown_s), stdout=pipe, stderr=pipe, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)

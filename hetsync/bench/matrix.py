@@ -31,17 +31,50 @@ from hetsync.emulation import scenario as _slowdown
 from hetsync.bench import efficiency, launch
 
 __all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
-           "aggregate", "machine_description", "DATASETS", "ROOT", "JOB"]
+           "aggregate", "machine_description", "DATASETS", "ROOT", "JOB", "dataset_argv", "missing_data"]
 
-#: repository root (the folder holding ``examples/``).
+#: the folder holding the ``hetsync`` package (a checkout's root, or site-packages when installed).
 ROOT = launch.ROOT
 #: the training job every run launches.
 JOB = launch.JOB
-#: bench data-set name -> the job's data arguments. MNIST: the shared IDX files, relative to the repository.
+#: bench data-set name -> the job's data arguments (MNIST's folder is added by :func:`dataset_argv`).
 DATASETS = {
     "digits": ["--dataset", "digits"],
-    "mnist": ["--dataset", "mnist-idx", "--data-dir", os.path.join("..", "shared", "data", "mnist-t10k")],
+    "mnist": ["--dataset", "mnist-idx"],
 }
+
+
+def dataset_argv(dataset):
+    """The job's data arguments for a bench data set (list of str): MNIST's folder comes from
+    ``HETSYNC_DATA_DIR`` (``hetsync-bench --data-dir`` sets it), never from a path inside a checkout.
+
+    Args:
+        dataset: str, a key of :data:`DATASETS`.
+
+    Raises:
+        ValueError: ``"mnist"`` while no existing folder is set (the message names the setting).
+    """
+    if dataset != "mnist":
+        return list(DATASETS[dataset])
+    folder = launch.mnist_dir()
+    if folder is None:
+        from hetsync.data import DATA_DIR_ENV, data_dir
+
+        raise ValueError(f"the mnist cells need MNIST's IDX files: pass --data-dir DIR or set {DATA_DIR_ENV} "
+                         f"(now {data_dir()!r}, not an existing folder), or run digits cells only "
+                         "(--scenario digits/SPEC)")
+    return DATASETS[dataset] + ["--data-dir", folder]
+
+
+def missing_data(preset):
+    """The ValueError of :func:`dataset_argv` for the first of ``preset``'s cells whose data is not
+    there, or None: checked before any launch."""
+    for cell in preset.cells:
+        try:
+            dataset_argv(cell.dataset)
+        except ValueError as exc:
+            return exc
+    return None
 #: training samples of each bench data set (80% of 1,797 digits, 80% of the 10,000 MNIST-t10k images).
 TRAIN_SAMPLES = {"digits": 1437, "mnist": 8000}
 #: solo-speed runs on the real CPU train this many times the epochs of the real runs (a longer, steadier
@@ -168,7 +201,7 @@ class Preset:
         """The training job's arguments shared by every run of ``cell`` (list of str); the solo
         runs pass ``epochs_factor`` = :data:`SOLO_EPOCHS_FACTOR` to measure over more steps."""
         dataset = cell.dataset
-        return [JOB] + DATASETS[dataset] + [
+        return [*JOB] + dataset_argv(dataset) + [
             "--model", self.model, "--epochs", str(self.cell_epochs(cell) * epochs_factor),
             "--batch-size", str(self.batch_size),
             "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])] + (
@@ -478,7 +511,7 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
                     results["solo"][cell.key] = efficiency.measure_solo(
                         preset.job_argv(cell, 1 if cell.emulated else SOLO_EPOCHS_FACTOR), cell.scenario,
                         preset.cell_np(cell),
-                        solo_dir, cwd=ROOT, env=_env(), timeout_s=preset.timeout_s)
+                        solo_dir, env=_env(), timeout_s=preset.timeout_s)
                 except (efficiency.SoloError, OSError, ValueError) as exc:
                     # keep going: the cell's runs still give every figure but E (reported as missing)
                     results["solo"][cell.key] = {"error": str(exc)[-3000:]}

@@ -1,7 +1,7 @@
 """Pause benchmark: what a rank paused for FOR_S seconds adds to a job, per protocol.
 
 ``python -m hetsync.bench.pause`` runs, side by side in one invocation, 4-rank jobs of
-``examples/keras_digits.py`` on the emulated cluster (``device:MS``: every step padded to MS
+``python -m hetsync.bench.job`` on the emulated cluster (``device:MS``: every step padded to MS
 milliseconds), for BSP and the asynchronous protocols on the sample pool (:mod:`hetsync.data.pool`),
 each without a fault, with ``pause:1:AT:FOR`` (SIGSTOP/SIGCONT of rank 1's whole process) and with
 ``stall:1:AT:FOR`` (rank 1's training thread only sleeps; its background threads keep running).
@@ -39,7 +39,7 @@ def scenario(ms, fault, rank, at_s, for_s):
 
 def command(args, protocol, fault, seed, out):
     """The mpirun command (list of str) of one run."""
-    argv = [launch.JOB, "--protocol", protocol, "--dataset", args.dataset, "--epochs", str(args.epochs),
+    argv = [*launch.JOB, "--protocol", protocol, "--dataset", args.dataset, "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--seed", str(seed),
             "--slowdown", scenario(args.ms, fault, args.rank, args.at, args.for_s), "--out", out, "--quiet"]
     if args.data_dir:

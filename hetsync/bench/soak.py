@@ -9,7 +9,7 @@ scenario (``none``, ``random:K``, ``deterministic:R:K``, ``uniform:A:B``, ``spee
 ``device:MS+random:K``) or, when :mod:`hetsync.emulation.scenario` knows them, a fault (``pause:RANK:AT_S:FOR_S``,
 ``stall:RANK:AT_S:FOR_S``: 0.5-1.5 s after the rank's train begin, for 2-5 s, on a device-emulated run
 so that training lasts long enough for the fault to land; a stall never hits a parameter server), a seed and 1-2 epochs. Every run is a real ``mpirun`` launch of
-``examples/keras_digits.py`` on the ``digits`` data set, in its own process group, with a wall-clock
+``python -m hetsync.bench.job`` on the ``digits`` data set, in its own process group, with a wall-clock
 limit: a run over it is a **hang** (the whole group is killed, SIGKILL); a non-zero exit status, or
 a run that wrote no ``summary.json``, is an **error**; **lost samples** compare the samples the worker
 ranks trained on in each epoch (from :class:`hetsync.callbacks.SyncMetrics`' ``rank{r}.jsonl``: steps
@@ -152,7 +152,7 @@ def draw_runs(count, seed, ranks=(2, 3, 4), protocols=None, faults=None, epochs=
 
 def command(run, out):
     """The ``mpirun`` command (list of str) of one drawn run writing to folder ``out``."""
-    return launch.mpirun(run["np"], [JOB, "--protocol", run["protocol"], "--slowdown", run["scenario"],
+    return launch.mpirun(run["np"], [*JOB, "--protocol", run["protocol"], "--slowdown", run["scenario"],
             "--seed", str(run["seed"]), "--epochs", str(run["epochs"]), "--batch-size", str(BATCH_SIZE),
             "--dataset", "digits", "--out", out, "--quiet"])
 
@@ -171,7 +171,7 @@ def launch_run(run, out, timeout_s):
     os.makedirs(out, exist_ok=True)
     cmd = command(run, out)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch.job_env(stall_shutdown_s=120), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, env=launch.job_env(stall_shutdown_s=120), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     hung = False

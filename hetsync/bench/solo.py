@@ -2,7 +2,7 @@
 
 The n solo processes of :func:`hetsync.bench.efficiency.measure_solo` each import TensorFlow and
 hetsync first (the slow part, seconds of CPU each), then create ``DIR/ready.R`` and wait until all
-n ``ready`` files exist, and only then run the training script ``JOB`` with ``ARGS`` (as
+n ``ready`` files exist, and only then run the training job ``JOB`` (a script, or ``-m MODULE``) with ``ARGS`` (as
 ``__main__``). So the n ranks train at the same time and share the cores as in a real run, instead
 of one training while the others are still importing.
 
@@ -54,6 +54,13 @@ def main(argv=None):
     except TimeoutError as exc:
         print(exc, file=sys.stderr)
         return 3
+    if job == "-m":  # JOB given as interpreter arguments: -m MODULE (hetsync.bench.job)
+        if len(argv) < 6:
+            print("solo: -m needs a module name", file=sys.stderr)
+            return 2
+        sys.argv = [argv[5]] + argv[6:]
+        runpy.run_module(argv[5], run_name="__main__", alter_sys=True)
+        return 0
     sys.argv = [job] + argv[5:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(job)))
     runpy.run_path(job, run_name="__main__")

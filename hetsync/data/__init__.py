@@ -9,7 +9,24 @@ The names below are the public face (``hetsync.data.load(...)``).
 """
 from hetsync.data.datasets import (DATASETS, Dataset, load, load_digits, load_idx_folder, read_idx, shard,
                                    shard_dataset)
+import os
+
 from hetsync.errors import DataError
 
 __all__ = ["DATASETS", "Dataset", "DataError", "load", "load_digits", "load_idx_folder", "read_idx", "shard",
-           "shard_dataset"]
+           "shard_dataset", "DATA_DIR_ENV", "data_dir"]
+
+#: the environment variable naming the folder of MNIST's IDX files (the jobs' default ``--data-dir``).
+DATA_DIR_ENV = "HETSYNC_DATA_DIR"
+
+
+def data_dir():
+    """Return the data folder the environment names (:data:`DATA_DIR_ENV`), or None if it is unset or empty.
+
+    Data location is a setting (``--data-dir`` or this variable), never a path inside a checkout, so an
+    installed ``hetsync-bench`` or job runs from any directory.
+
+    Returns:
+        str folder path (not checked to exist: the loader names a missing folder), or None.
+    """
+    return os.environ.get(DATA_DIR_ENV) or None

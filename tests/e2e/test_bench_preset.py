@@ -1,11 +1,11 @@
 """hetsync.bench: E's formula and solo measurement, the figures of a run, and the quick preset end to end."""
 import pytest
-from conftest import PY, ROOT, _env, read_json
+from conftest import PY, _env, read_json
 from hetsync.bench import readme
 QUICK = ["--preset", "quick", "--np", "2", "--scenario", "digits/random:3", "--epochs", "2", "--seeds", "0"]
 # one protocol of each family besides BSP (always run): RNA, hierarchical RNA (groups + server), a parameter
 # server (1 worker + 1 server on 2 ranks), decentralized Hop, task allocation's uneven shares. Every protocol's
-# launch under keras_digits.py is covered by test_dead_peer_mp / test_soak; the default plan by the dry run below.
+# launch of the job is covered by test_dead_peer_mp / test_soak; the default plan by the dry run below.
 QUICK_PROTOCOLS = ["rna", "rnah", "asp", "hop", "taskalloc"]
 
 
@@ -17,9 +17,13 @@ def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
     fake_readme = tmp_path / "README.md"
     fake_readme.write_text("# hetsync\n\nintro\n\n## Results\n\n" + readme.BEGIN + "\nold\n" + readme.END
                            + "\n\n## After\n")
-    cmd = [PY, "-m", "hetsync.bench", *QUICK, "--protocols", ",".join(QUICK_PROTOCOLS), "--micro-repeats", "3",
-           "--no-progress", "--out", str(out), "--update-readme", "--readme", str(fake_readme)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1400)
+    # the installed console script, from a folder outside the checkout, with nothing on PYTHONPATH
+    import os
+
+    cmd = [os.path.join(os.path.dirname(PY), "hetsync-bench"), *QUICK, "--protocols", ",".join(QUICK_PROTOCOLS),
+           "--micro-repeats", "3", "--no-progress", "--out", str(out), "--update-readme", "--readme", str(fake_readme)]
+    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = read_json(out / "results.json")
     protocols = sorted(["bsp"] + QUICK_PROTOCOLS)

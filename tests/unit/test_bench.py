@@ -123,7 +123,8 @@ def test_emulated_run_gets_analytic_e_and_flags(tmp_path):
     assert "1.14 !" in md and "1.2% !" in md and "E ! :" in md and "overrun ! :" in md  # E column: measured
 
 
-def test_cells_with_their_own_ranks_protocols_and_epochs():
+def test_cells_with_their_own_ranks_protocols_and_epochs(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_DATA_DIR", str(tmp_path))  # the mnist cell's data setting
     c = matrix.parse_cell("np8:mnist/device:40+random:6", protocols=("rna",), epochs=8)
     assert (c.np, c.dataset, c.scenario, c.protocols, c.epochs) == (8, "mnist", "device:40+random:6", ("rna",), 8)
     assert c.key == "np8:mnist/device:40+random:6" and c.emulated
@@ -229,7 +230,8 @@ def test_default_plan_runs_every_registered_protocol_bsp_first():
     assert f"{len(hetsync.protocols.WRAPPERS)} training launches" in proc.stdout
 
 
-def test_cli_rejects_bad_values_before_running(capsys):
+def test_cli_rejects_bad_values_before_running(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_DATA_DIR", str(tmp_path))  # the mnist cells' data setting
     from hetsync.bench.__main__ import parse_args
 
     for args, msg in ((["--protocols", "bsp,nope"], "unknown protocol 'nope'"),

@@ -21,7 +21,7 @@ def test_job_env_sets_one_thread_root_mpi_and_this_interpreter(monkeypatch):
 def test_commands_and_job_argv():
     argv = launch.job_argv("rna", "/o", ["data_plan=shard", "scale_lr=true"], extra=["--dataset", "digits"],
                            batch_size=16, target_accuracy=0.9, lr=None)
-    assert argv == [launch.JOB, "--protocol", "rna", "--batch-size", "16", "--target-accuracy", "0.9",
+    assert argv == ["-m", "hetsync.bench.job", "--protocol", "rna", "--batch-size", "16", "--target-accuracy", "0.9",
                     "--dataset", "digits", "--out", "/o", "--quiet",
                     "--protocol-arg", "data_plan=shard", "--protocol-arg", "scale_lr=true"]
     hv = launch.horovodrun(4, argv, cycle_time_ms=2.5)
@@ -51,3 +51,34 @@ def test_unbounded_or_bad_timeout_is_refused(bad):
         launch.run(["true"], bad)
     with pytest.raises(ValueError, match="stall_shutdown_s"):
         launch.job_env(stall_shutdown_s=0)
+
+
+def test_the_data_location_is_a_setting_never_a_path_in_the_checkout(monkeypatch, tmp_path):
+    """MNIST's folder comes from --data-dir / HETSYNC_DATA_DIR; no module of hetsync names a path beside the
+    checkout, and a benchmark that needs MNIST without the setting is refused before any launch."""
+    import hetsync
+
+    root = os.path.dirname(hetsync.__file__)
+    for dirpath, _, files in os.walk(root):
+        for f in (f for f in files if f.endswith(".py")):
+            text = open(os.path.join(dirpath, f)).read()
+            assert "../shared" not in text and '"shared", "data"' not in text, os.path.join(dirpath, f)
+    monkeypatch.delenv(hetsync.data.DATA_DIR_ENV, raising=False)
+    assert hetsync.data.data_dir() is None and launch.mnist_dir() is None
+    assert launch.dataset_args() == ["--dataset", "digits"]
+    preset = matrix.PRESETS["full"]
+    assert any(c.dataset == "mnist" for c in preset.cells)
+    with pytest.raises(ValueError, match="mnist cells need MNIST's IDX files: pass --data-dir DIR or set HETSYNC_DATA_DIR"):
+        matrix.dataset_argv("mnist")
+    assert "HETSYNC_DATA_DIR" in str(matrix.missing_data(preset))
+    from hetsync.bench import __main__ as cli
+
+    with pytest.raises(SystemExit) as exc:  # refused before any launch
+        cli.parse_args(["--preset", "full", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and not (tmp_path / "o").exists()
+    monkeypatch.setenv(hetsync.data.DATA_DIR_ENV, str(tmp_path))
+    assert launch.mnist_dir() == str(tmp_path)
+    assert matrix.dataset_argv("mnist") == ["--dataset", "mnist-idx", "--data-dir", str(tmp_path)]
+    assert launch.dataset_args() == ["--dataset", "mnist-idx", "--data-dir", str(tmp_path)]
+    assert matrix.missing_data(preset) is None
+

@@ -388,7 +388,7 @@ TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 opti
 
     Global batch: b is the run's per-rank batch size in samples, the ``batch_size`` given to
     ``opt.hetsync_protocol.fit_data`` exactly as for BSP (``--batch-size`` of
-    ``examples/keras_digits.py``). By default (``micro_batch=None``) a round holds BSP's global
+    ``python -m hetsync.bench.job``). By default (``micro_batch=None``) a round holds BSP's global
     batch, n x b samples (n = world size), split into C micro-batches of n b / C samples, so a
     run switched from BSP makes as many updates per epoch as BSP. If C does not divide n b, the
     micro-batch is n b / C rounded to the nearest integer, at least 1
