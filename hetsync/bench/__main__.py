@@ -54,7 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-repeats", type=int, default=30, help="timed repetitions per microbenchmark")
     p.add_argument("--update-readme", action="store_true",
                    help="rewrite the README's Results section from this run (use with --preset full)")
-    p.add_argument("--readme", default=os.path.join(matrix.ROOT, "README.md"))
+    p.add_argument("--readme", default="README.md",
+                   help="the README whose Results section --update-readme rewrites (default: in this directory)")
     p.add_argument("--dry-run", action="store_true", help="print the run plan and exit")
     p.add_argument("--report-from", default=None, metavar="DIR",
                    help="run nothing: recompute the figures from the run folders under DIR and rebuild "

@@ -327,7 +327,8 @@ def measure_solo(job_argv, spec, world_size, out_dir, python=None, cwd=None, env
     others, which would make their solo speeds too high.
 
     Args:
-        job_argv: list of str, the training script path then its common arguments (no ``--out``,
+        job_argv: list of str, the training job's interpreter arguments (:data:`hetsync.bench.launch.JOB`,
+            ``-m hetsync.bench.job``, or a script path) then its common arguments (no ``--out``,
             ``--slowdown``, ``--protocol``, ``--seed``).
         rank_argv: optional list of n lists of str, extra arguments of rank i's process (argparse
             takes the last of a repeated option, so ``["--batch-size", "352"]`` overrides

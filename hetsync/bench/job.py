@@ -26,6 +26,8 @@ from tabulate import tabulate  # noqa: E402
 import hetsync  # noqa: E402
 import hetsync.data.shards
 
+__all__ = ["build_model", "parse_args", "main"]
+
 
 def build_model(kind, input_shape, num_classes, seed):
     """Return one of the job's two models, ending in softmax probabilities (a ``keras.Sequential``).
@@ -48,7 +50,21 @@ def build_model(kind, input_shape, num_classes, seed):
 
 
 def parse_args(argv=None):
-    """Parse and check the job's command line: ``(args, parser)``; a bad value exits with status 2."""
+    """Parse and check the job's command line (``--help`` lists every flag with its unit and default).
+
+    ``--data-dir`` defaults to :func:`hetsync.data.data_dir` (the ``HETSYNC_DATA_DIR`` environment
+    variable), read when this is called.
+
+    Args:
+        argv: list of str, the arguments after the program name (None: ``sys.argv[1:]``).
+
+    Returns:
+        ``(args, parser)``: the ``argparse.Namespace`` and the ``ArgumentParser`` (for later usage errors).
+
+    Raises:
+        SystemExit: status 2 with a message naming the bad value (``--dataset mnist-idx`` without a data
+            folder names ``--data-dir`` and ``HETSYNC_DATA_DIR``); status 0 after ``--help``.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--protocol", default="bsp", choices=sorted(hetsync.protocols.WRAPPERS),

@@ -23,7 +23,17 @@ JOB = ("-m", "hetsync.bench.job")
 
 
 def mnist_dir():
-    """The folder of MNIST's IDX files named by ``HETSYNC_DATA_DIR`` if it exists, else None (str or None)."""
+    """Return the folder of MNIST's IDX files that the data setting names, if that folder exists.
+
+    The setting is the environment variable ``HETSYNC_DATA_DIR`` (:func:`hetsync.data.data_dir`;
+    ``hetsync-bench --data-dir DIR`` sets it for its launches); no path inside a checkout is guessed.
+
+    Returns:
+        str folder path, or None when the variable is unset, empty or names no existing folder.
+
+    Raises:
+        nothing.
+    """
     from hetsync.data import data_dir
 
     folder = data_dir()

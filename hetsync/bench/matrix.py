@@ -42,39 +42,6 @@ DATASETS = {
     "digits": ["--dataset", "digits"],
     "mnist": ["--dataset", "mnist-idx"],
 }
-
-
-def dataset_argv(dataset):
-    """The job's data arguments for a bench data set (list of str): MNIST's folder comes from
-    ``HETSYNC_DATA_DIR`` (``hetsync-bench --data-dir`` sets it), never from a path inside a checkout.
-
-    Args:
-        dataset: str, a key of :data:`DATASETS`.
-
-    Raises:
-        ValueError: ``"mnist"`` while no existing folder is set (the message names the setting).
-    """
-    if dataset != "mnist":
-        return list(DATASETS[dataset])
-    folder = launch.mnist_dir()
-    if folder is None:
-        from hetsync.data import DATA_DIR_ENV, data_dir
-
-        raise ValueError(f"the mnist cells need MNIST's IDX files: pass --data-dir DIR or set {DATA_DIR_ENV} "
-                         f"(now {data_dir()!r}, not an existing folder), or run digits cells only "
-                         "(--scenario digits/SPEC)")
-    return DATASETS[dataset] + ["--data-dir", folder]
-
-
-def missing_data(preset):
-    """The ValueError of :func:`dataset_argv` for the first of ``preset``'s cells whose data is not
-    there, or None: checked before any launch."""
-    for cell in preset.cells:
-        try:
-            dataset_argv(cell.dataset)
-        except ValueError as exc:
-            return exc
-    return None
 #: training samples of each bench data set (80% of 1,797 digits, 80% of the 10,000 MNIST-t10k images).
 TRAIN_SAMPLES = {"digits": 1437, "mnist": 8000}
 #: solo-speed runs on the real CPU train this many times the epochs of the real runs (a longer, steadier
@@ -85,6 +52,58 @@ METRICS = ("time_to_target_s", "final_test_accuracy", "steps_per_s", "samples_pe
            "efficiency_analytic", "step_ms", "overrun_fraction")
 #: an emulated run whose E (measured or analytic) exceeds this is flagged: E <= 1 on a real cluster.
 E_FLAG = 1.05
+
+
+def dataset_argv(dataset):
+    """Return the training job's data arguments for a bench data set.
+
+    MNIST's folder comes from the data setting, ``HETSYNC_DATA_DIR`` (``hetsync-bench --data-dir DIR``
+    sets it), never from a path inside a checkout.
+
+    Args:
+        dataset: str, a key of :data:`DATASETS` (``"digits"`` or ``"mnist"``).
+
+    Returns:
+        list of str, e.g. ``["--dataset", "mnist-idx", "--data-dir", "/data/mnist"]``.
+
+    Raises:
+        ValueError: ``"mnist"`` while the setting names no existing folder; the message names the
+            setting and how to give it.
+        KeyError: ``dataset`` not a key of :data:`DATASETS`.
+    """
+    if dataset != "mnist":
+        return list(DATASETS[dataset])
+    folder = launch.mnist_dir()
+    if folder is None:
+        from hetsync.data import DATA_DIR_ENV, data_dir
+
+        now = data_dir()
+        state = "is not set" if now is None else f"names {now!r}, not an existing folder"
+        raise ValueError(f"the mnist cells need MNIST's IDX files: pass --data-dir DIR or set {DATA_DIR_ENV} "
+                         f"(the folder of the *-idx*-ubyte[.gz] files; {DATA_DIR_ENV} {state}), or run digits "
+                         "cells only (--scenario digits/SPEC)")
+    return DATASETS[dataset] + ["--data-dir", folder]
+
+
+def missing_data(preset):
+    """Check, before any launch, that every cell of ``preset`` has its data.
+
+    Args:
+        preset: :class:`Preset` whose ``cells`` are checked (with :func:`dataset_argv`).
+
+    Returns:
+        the ValueError of :func:`dataset_argv` for the first cell whose data is not there (its
+        message names the missing setting), or None when every cell's data is there.
+
+    Raises:
+        nothing (the error is returned, so the caller reports it as a usage error).
+    """
+    for cell in preset.cells:
+        try:
+            dataset_argv(cell.dataset)
+        except ValueError as exc:
+            return exc
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

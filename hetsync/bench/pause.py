@@ -109,8 +109,9 @@ def parse_args(argv=None):
     p.add_argument("--at", type=float, default=10.0, help="seconds after train begin the fault starts")
     p.add_argument("--for", dest="for_s", type=float, default=30.0, help="seconds the fault lasts")
     p.add_argument("--ms", type=float, default=150.0, help="emulated device: milliseconds per step")
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist-idx"))
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="folder of MNIST's IDX files for --dataset mnist-idx (default: $HETSYNC_DATA_DIR)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -118,6 +119,12 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--out", default="runs/pause_bench")
     args = p.parse_args(argv)
+    from hetsync.data import DATA_DIR_ENV, data_dir
+
+    args.data_dir = args.data_dir or data_dir()
+    if args.dataset == "mnist-idx" and not (args.data_dir and os.path.isdir(args.data_dir)):
+        p.error(f"--dataset mnist-idx needs MNIST's IDX files: pass --data-dir DIR or set {DATA_DIR_ENV} "
+                f"(now {args.data_dir!r}, not an existing folder)")
     args.protocols = [x for x in args.protocols.split(",") if x]
     args.faults = [x for x in args.faults.split(",") if x]
     bad = [f for f in args.faults if f not in FAULTS]

@@ -7,10 +7,10 @@
 
 The names below are the public face (``hetsync.data.load(...)``).
 """
-from hetsync.data.datasets import (DATASETS, Dataset, load, load_digits, load_idx_folder, read_idx, shard,
-                                   shard_dataset)
 import os
 
+from hetsync.data.datasets import (DATASETS, Dataset, load, load_digits, load_idx_folder, read_idx, shard,
+                                   shard_dataset)
 from hetsync.errors import DataError
 
 __all__ = ["DATASETS", "Dataset", "DataError", "load", "load_digits", "load_idx_folder", "read_idx", "shard",
@@ -21,12 +21,20 @@ DATA_DIR_ENV = "HETSYNC_DATA_DIR"
 
 
 def data_dir():
-    """Return the data folder the environment names (:data:`DATA_DIR_ENV`), or None if it is unset or empty.
+    """Return the folder of MNIST's IDX files that the environment names (:data:`DATA_DIR_ENV`), or None.
 
-    Data location is a setting (``--data-dir`` or this variable), never a path inside a checkout, so an
-    installed ``hetsync-bench`` or job runs from any directory.
+    The data location is a setting (a job's ``--data-dir``, ``hetsync-bench --data-dir`` or this
+    variable), never a path relative to a checkout, so an installed job or ``hetsync-bench`` runs from
+    any working directory. The training job's ``--data-dir`` defaults to this value.
+
+    Args:
+        none; reads the environment variable ``HETSYNC_DATA_DIR`` of this process.
 
     Returns:
-        str folder path (not checked to exist: the loader names a missing folder), or None.
+        str, the folder path as given (absolute or relative to the working directory; not checked to
+        exist: :func:`load` names a missing folder), or None when the variable is unset or empty.
+
+    Raises:
+        nothing.
     """
     return os.environ.get(DATA_DIR_ENV) or None
