@@ -1,7 +1,7 @@
 """Hop benchmark on the emulated cluster: backup workers, bounded staleness and skipping, side by side in one run.
 
-Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np N`` (default 8 ranks, MNIST when
-``../shared/data/mnist-t10k`` exists, else digits) on the emulated cluster (``device:MS``, default
+Runs the training job ``python -m hetsync.bench.job`` under ``horovodrun --mpi -np N`` (default 8 ranks,
+MNIST when ``HETSYNC_DATA_DIR`` names its folder, else digits) on the emulated cluster (``device:MS``, default
 40 ms per step of the per-rank batch), interleaving the configurations of each scenario, for each
 seed (``--seeds``, default 0,1,2):
 

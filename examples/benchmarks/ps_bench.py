@@ -1,8 +1,8 @@
 """Parameter-server benchmark on the emulated cluster: SHAT, ASP, ENSEMBLE, SHAT-root, SSP against BSP, hierarchical RNA against flat RNA.
 
-Runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` on the emulated cluster (``device:MS``,
-default 40 ms per step of the per-rank batch; MNIST when ``../shared/data/mnist-t10k`` exists, else
-digits), side by side within each seed (``--seeds``, default 0,1,2). A parameter-server run of W
+Runs the training job ``python -m hetsync.bench.job`` under ``horovodrun --mpi`` on the emulated cluster
+(``device:MS``, default 40 ms per step of the per-rank batch; MNIST when ``HETSYNC_DATA_DIR`` names its
+folder, else digits), side by side within each seed (``--seeds``, default 0,1,2). A parameter-server run of W
 workers launches W + K ranks (``servers=K``, the last K serve); BSP runs on the W workers alone, so
 every comparison is at the same number of training ranks. Suites (``--suites``):
 

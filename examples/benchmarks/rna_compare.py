@@ -2,17 +2,17 @@
 
     .venv/bin/python examples/benchmarks/rna_compare.py --slowdown random:6 --seeds 2 4 [example args...]
 
-The README's figures (4 ranks, ``random:6``, example CNN):
+The README's figures (4 ranks, ``random:6``, example CNN; ``MNIST_DIR`` is the folder of MNIST's IDX files):
 
     .venv/bin/python examples/benchmarks/rna_compare.py --seeds 2 4 6 --dataset mnist-idx \
-        --data-dir ../shared/data/mnist-t10k --model cnn --epochs 10 --eval-every 10 \
+        --data-dir MNIST_DIR --model cnn --epochs 10 --eval-every 10 \
         --target-accuracy 0.95 --also-targets 0.9 0.93 0.94 0.96
     .venv/bin/python examples/benchmarks/rna_compare.py --seeds 2 4 6 --dataset digits --model cnn \
         --epochs 60 --eval-every 10 --target-accuracy 0.95 --also-targets 0.9 0.93 0.96
     .venv/bin/python examples/benchmarks/rna_compare.py --slowdown none --seeds 2 --dataset mnist-idx \
-        --data-dir ../shared/data/mnist-t10k --model cnn --epochs 3 --eval-every 10
+        --data-dir MNIST_DIR --model cnn --epochs 3 --eval-every 10
 
-Each repeat launches ``horovodrun --mpi -np N examples/keras_digits.py`` once with ``--protocol bsp``
+Each repeat launches ``horovodrun --mpi -np N python -m hetsync.bench.job`` once with ``--protocol bsp``
 and once with ``--protocol rna`` (alternating order between repeats, same data, model, seed and
 scenario) and reads each run's ``summary.json`` and per-rank step records. Reported per protocol:
 time to the target test accuracy (s, rank 0's model; evaluations are deferred to the end of

@@ -1,18 +1,18 @@
 """SelSync benchmark: LSSR and accuracy beside BSP, time to target under netdelay, non-IID injection vs FedAvg.
 
-Runs ``examples/keras_digits.py`` under ``horovodrun --mpi`` once per configuration, side by side
-in one invocation (same data, model, seed), and prints ratios. Not a timed test: the machine is
+Runs the training job ``python -m hetsync.bench.job`` under ``horovodrun --mpi`` once per configuration,
+side by side in one invocation (same data, model, seed), and prints ratios. Not a timed test: the machine is
 shared, so read the ratios, and use ``--repeats`` for the timing suite.
 
     .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset digits --epochs 30 --seeds 0 1 2 3 4
-    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset mnist-idx --data-dir ../shared/data/mnist-t10k \
+    .venv/bin/python examples/benchmarks/selsync_bench.py iid --dataset mnist-idx --data-dir MNIST_DIR \
         --epochs 5 --seeds 0 1 2
     .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --epochs 30 --repeats 4 --eval-every 5
     .venv/bin/python examples/benchmarks/selsync_bench.py netdelay --device 10 --epochs 30 --seeds 0 1 2 \
         --eval-every 5   # the emulated cluster: 10 ms devices, 50 ms network latency
     .venv/bin/python examples/benchmarks/selsync_bench.py noniid --np 10 --epochs 30
 
-(the README's figures).
+(the README's figures; ``MNIST_DIR`` is the folder of MNIST's IDX files).
 
 Suites:
   iid       BSP and SelSync delta in {0.1, 0.3, 0.5}: LSSR, final accuracy (target: LSSR >= 0.7 and

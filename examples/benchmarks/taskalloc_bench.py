@@ -1,6 +1,6 @@
 """Task allocation benchmark: epoch-time ratios and heterogeneity efficiency, side by side in one run.
 
-Runs ``examples/keras_digits.py`` under ``horovodrun --mpi -np N`` (``--np``, default 4) for each
+Runs the training job ``python -m hetsync.bench.job`` under ``horovodrun --mpi -np N`` (``--np``, default 4) for each
 configuration below, interleaved, ``--repeats`` times (the machine is shared and noisy):
 
 * ``speeds:1,...,1,0.5`` (the last rank twice slower; ``speeds:1,1,1,0.5`` on 4 ranks): task
@@ -206,8 +206,9 @@ def run_simulated(args):
     for rep in range(args.repeats):
         for name, spec, extra in cases[rep % len(cases):] + cases[:rep % len(cases)]:
             out = os.path.join(args.out, f"sim_{name}_{rep}.json")
-            cmd = launch.mpirun(4, ["tests/jobs/taskalloc_adaptive.py", out, "--slowdown", spec, "--epochs",
-                                    str(args.epochs), "--batch-size", str(args.total * args.micro_batch // 4),
+            job = os.path.join(ROOT, "tests", "jobs", "taskalloc_adaptive.py")  # launched from any directory
+            cmd = launch.mpirun(4, [job, out, "--slowdown", spec, "--epochs", str(args.epochs),
+                                    "--batch-size", str(args.total * args.micro_batch // 4),
                                     "--micro-batch", str(args.micro_batch), "--tile", "1", "--width", "8",
                                     "--device-ms-per-sample", str(args.simulated)] + extra)
             proc = launch.run(cmd, 1800)
@@ -240,7 +241,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/taskalloc_bench")
     p.add_argument("--np", type=int, default=4, help="ranks (real-CPU mode); the last one runs at half speed")
-    p.add_argument("--data-dir", default=os.environ.get("HETSYNC_DATA_DIR"))
+    p.add_argument("--data-dir", default=os.environ.get("HETSYNC_DATA_DIR"), metavar="DIR",
+                   help="folder of MNIST's IDX files (default: $HETSYNC_DATA_DIR)")
     p.add_argument("--model", default="cnn", choices=("mlp", "cnn"))
     p.add_argument("--total", type=int, default=32, help="C, micro-batches per round")
     p.add_argument("--micro-batch", type=int, default=32,
@@ -290,6 +292,9 @@ def main(argv=None):
         return 0
     if args.defaults is not None and args.defaults < 1:
         p.error(f"--defaults must be a positive batch size, got {args.defaults}")
+    if not (args.data_dir and os.path.isdir(args.data_dir)):
+        p.error(f"the runs train on MNIST: pass --data-dir DIR or set HETSYNC_DATA_DIR (the folder of MNIST's IDX "
+                f"files; now {args.data_dir!r})")
     cfgs = configs(args.total, args.micro_batch, args.np, args.speeds, args.device, args.defaults)
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only.split(",")}
