@@ -1,6 +1,6 @@
-"""examples/keras_digits.py with a test-only fault: rank R SIGKILLs itself right after its global step K.
+"""The training job (hetsync.bench.job) with a test-only fault: rank R SIGKILLs itself right after its global step K.
 
-``HETSYNC_TEST_KILL=R:K`` (read only by this script) arms it; without it the run is the plain example.
+``HETSYNC_TEST_KILL=R:K`` (read only by this script) arms it; without it the run is the plain job.
 The kill comes after the step's callbacks that precede it (BackupAndRestore has saved if due), the
 way a crash between two steps would. Also writes ``OUT/final_weights_rank{r}.npz`` (the final model)
 so a test can compare an interrupted run with an uninterrupted one.
@@ -12,10 +12,8 @@ import sys
 import keras
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
-import keras_digits  # noqa: E402
-
-import hetsync  # noqa: E402
+import hetsync
+from hetsync.bench import job
 
 
 class KillAt(keras.callbacks.Callback):
@@ -52,4 +50,4 @@ if __name__ == "__main__":
     if spec:
         r, k = (int(v) for v in spec.split(":"))
         extra.insert(0, KillAt(r, k))
-    keras_digits.main(argv, extra_callbacks=extra)
+    job.main(argv, extra_callbacks=extra)

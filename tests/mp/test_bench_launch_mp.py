@@ -1,21 +1,20 @@
 """hetsync.bench with real launches: a 2-rank job through hetsync.bench.launch, and the solo measurement (each rank's
-scenario run alone, one process per rank) that the efficiency E divides by."""
+scenario run alone, one process per rank) that the efficiency E divides by. Both run the training job as a module
+(``python -m hetsync.bench.job``) from a folder outside the checkout."""
 import json
-import os
 
 import pytest
 
-from conftest import PY, ROOT, _env, read_json, read_jsonl
+from conftest import PY, _env, read_json, read_jsonl
 from hetsync.bench import efficiency, launch
 
 
 def test_a_real_two_rank_launch_writes_a_summary(tmp_path):
-    out = str(tmp_path / "run")
-    cmd = launch.mpirun(2, launch.job_argv("bsp", out, extra=launch.dataset_args(digits=True), epochs=1,
+    cmd = launch.mpirun(2, launch.job_argv("bsp", "run", extra=launch.dataset_args(digits=True), epochs=1,
                                            batch_size=32, seed=3))
-    proc = launch.run(cmd, 300)
+    proc = launch.run(cmd, 300, cwd=str(tmp_path))  # the job runs in the caller's folder: --out run is under it
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(os.path.join(out, "summary.json")) as f:
+    with open(tmp_path / "run" / "summary.json") as f:
         s = json.load(f)
     assert s["protocol"] == "bsp" and s["world_size"] == 2 and len(s["per_rank"]) == 2
     assert s["weights_in_sync"] is True
@@ -23,8 +22,8 @@ def test_a_real_two_rank_launch_writes_a_summary(tmp_path):
 
 def test_solo_measurement_draws_the_scenario_as_each_rank_without_netdelay(tmp_path):
     env = _env()
-    job = [os.path.join(ROOT, "examples", "keras_digits.py"), "--epochs", "3", "--lr", "0.2"]
-    solo = efficiency.measure_solo(job, "deterministic:1:8+netdelay:200", 2, str(tmp_path), python=PY, cwd=ROOT,
+    job = [*launch.JOB, "--epochs", "3", "--lr", "0.2", "--dataset", "digits"]
+    solo = efficiency.measure_solo(job, "deterministic:1:8+netdelay:200", 2, str(tmp_path), python=PY, cwd=tmp_path,
                                    env=env, timeout_s=300)
     assert solo["spec"] == "deterministic:1:8"
     v = solo["samples_per_s"]
@@ -45,8 +44,8 @@ def test_solo_measurement_draws_the_scenario_as_each_rank_without_netdelay(tmp_p
 
 
 def test_solo_measurement_with_per_rank_arguments_over_the_common_window(tmp_path):
-    job = [os.path.join(ROOT, "examples", "keras_digits.py"), "--epochs", "3", "--lr", "0.2"]
-    solo = efficiency.measure_solo(job, "none", 2, str(tmp_path), python=PY, cwd=ROOT, env=_env(), timeout_s=300,
+    job = [*launch.JOB, "--epochs", "3", "--lr", "0.2", "--dataset", "digits"]
+    solo = efficiency.measure_solo(job, "none", 2, str(tmp_path), python=PY, cwd=tmp_path, env=_env(), timeout_s=300,
                                    rank_argv=[[], ["--batch-size", "64", "--epochs", "6"]], common_window=True)
     assert len(solo["samples_per_s"]) == 2 and all(v > 0 for v in solo["samples_per_s"])
     s = [read_json(tmp_path / f"rank{r}" / "summary.json") for r in range(2)]
