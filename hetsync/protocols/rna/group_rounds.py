@@ -13,10 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 from hetsync import ops
-from hetsync.protocols.ps.server import ERROR
 from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER
 from hetsync.protocols.rna.groups import (BCAST, FROM_SERVER, PARAMS, PARAMS_BACK, REDUCE, RESULT, TO_SERVER, RNAHError,
                                           speed_groups)
+from hetsync.transport import channels
 
 __all__ = ["GroupRounds", "MAX_LOG"]
 
@@ -32,7 +32,7 @@ class GroupRounds:
     def _recv(self, channel, source, tag, what):
         """Wait up to ``timeout_s`` for one message; a server's failure (channel ``ps.error``) raises at once."""
         return self._p2p.recv_or_fail(
-            channel, source, tag=tag, timeout_s=self.cfg.timeout_s, fail_channel=ERROR, error=RNAHError,
+            channel, source, tag=tag, timeout_s=self.cfg.timeout_s, fail_channel=channels.PS_ERROR, error=RNAHError,
             late=(f"HierarchicalRNA: rank {self._rank}: no {what} from rank {source} within "
                   f"timeout_s={self.cfg.timeout_s:g} s (dead or stalled)"),
             failed=lambda src, obj: f"HierarchicalRNA: worker rank {self._rank}: parameter server rank {src} failed: {obj}")
