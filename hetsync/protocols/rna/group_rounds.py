@@ -29,10 +29,11 @@ MAX_LOG = 20000
 class GroupRounds:
     """The rounds of :class:`hetsync.protocols.rna.hierarchical.HierarchicalRNAProtocol` (a mixin; RNA section 4).
 
-    Runs on the protocol's communication thread. Uses the state the protocol's ``start`` sets: the dispatcher
-    ``_p2p``, this rank ``_rank``, its group ``_gid`` / ``_members`` (list of int ranks), the servers'
-    ``server_ranks`` and shard ``ranges`` (``(lo, hi)`` of the flat parameter vector of P float32), the
-    gradient and parameter caches, the statistics and ``cfg.timeout_s`` (seconds, every wait's limit).
+    Runs on the protocol's communication thread (:meth:`report_time` on the training thread, from a batch-end
+    hook). Uses the state the protocol's ``start`` sets: the dispatcher ``_p2p``, this rank ``_rank``, its
+    group ``_gid`` / ``_members`` (list of int ranks), the servers' ``server_ranks`` and shard ``ranges``
+    (``(lo, hi)`` of the flat parameter vector of P float32), the gradient and parameter caches, the
+    statistics and ``cfg.timeout_s`` (seconds, every wait's limit).
     Group messages go on the ``RNAH_*`` channels of :mod:`hetsync.transport.channels`, tagged
     ``(epoch, round)``.
     """
