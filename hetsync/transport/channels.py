@@ -13,25 +13,33 @@ __all__ = ["ALL", "POOL_REQUEST", "POOL_REPLY", "PS_PUSH", "PS_PULL", "PS_ERROR"
 # -- the sample pool (hetsync.data.pool) --------------------------------------------------------------
 #: every rank -> the pool server: ``("claim", epoch, seq)`` or ``("confirm", epoch, indices int64 [k])``.
 POOL_REQUEST = "pool.request"
-#: the pool server -> the requesting rank, tagged with ``seq``: the claimed batch's indices, or "empty".
+#: the pool server -> the requesting rank, tag = ``seq``: ``(epoch, seq, indices int64 [b] or None once the epoch is
+#: empty, batches handed out so far in the epoch int)``.
 POOL_REPLY = "pool.reply"
 
 # -- parameter servers (hetsync.protocols.ps) ----------------------------------------------------------
-#: worker -> server: tag = the worker's iteration t (int) or ``"done"``; obj = ``(eta, g shard, sent_at)``.
+#: worker -> server: tag = the worker's iteration t (int), obj = ``(eta float, g shard float32 [hi - lo], sent_at
+#: time.time() seconds)``; or tag ``"done"``, obj None (the worker's training ended).
 PS_PUSH = "ps.push"
 #: server -> worker: tag = t; obj = ``(w~ shard float32 [hi - lo], c_i int)``.
 PS_PULL = "ps.pull"
-#: server -> worker: a server's failure, obj = the message (the worker raises it at once).
+#: parameter server (or hierarchical RNA's group server) -> its workers: the server's failure, obj = the message str
+#: (the worker raises it at once).
 PS_ERROR = "ps.error"
 
 # -- RNA (hetsync.protocols.rna) ----------------------------------------------------------------------
-#: the round controller -> every rank: the round's initiator and decision.
+#: the round controller -> every rank of its group: ``("probe", r)``, ``("round", r, initiator, average bool,
+#: drift bool)``, ``("final", reason str, error str or None)``; hierarchical RNA's rank 0 -> every worker:
+#: ``("regroup", epoch, groups, next round, decision dict)``.
 RNA_CONTROL = "rna.control"
-#: every rank -> the round controller: readiness and its own state.
+#: every rank -> its round controller: ``("ready", r)``, ``("done", steps int)``, ``("error", message str)``;
+#: hierarchical RNA's workers -> rank 0 in the warm-up: ``("time", mean step time float milliseconds)``.
 RNA_TO_CONTROLLER = "rna.to_controller"
 
 # -- hierarchical RNA (hetsync.protocols.rna.hierarchical) ----------------------------------------------
-#: worker -> group server (tags "push", "groups", "alive", "done").
+#: worker -> group server: tag ``"push"``, obj ``(epoch, group, seq, x shard float32)``; tag ``"groups"`` (rank 0 when
+#: ``groups="auto"`` splits), obj ``(epoch, groups, x0 shard float32)``; tags ``"alive"`` (a heartbeat) and ``"done"``,
+#: obj None.
 RNAH_TO_SERVER = "rnah.server"
 #: group server -> the pushing initiator: tag = the push's sequence number, obj = float32 shard of the mean.
 RNAH_FROM_SERVER = "rnah.server_reply"
@@ -55,7 +63,8 @@ HOP_TOKEN = "hop.token"
 HOP_ABORT = "hop.abort"
 
 # -- SelSync's data injection (hetsync.data.shards) ------------------------------------------------------
-#: injecting rank -> every other rank: shared samples ``(x, y)`` of one step, tag = the step.
+#: injecting rank -> every other rank: tag = the step t, obj = ``(t, sender rank, x [s, ...], y [s, ...])``, the s
+#: samples it shares at step t.
 SELSYNC_INJECT = "selsync.inject"
 
 # -- metrics (hetsync.callbacks.metrics) ----------------------------------------------------------------

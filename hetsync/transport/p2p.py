@@ -5,22 +5,21 @@ the sample pool all go through one :class:`Dispatcher` per process (mpi4py with 
 shares the MPI world with horovod; a background thread may send and receive on a duplicated
 communicator while the main thread trains with horovod's collectives):
 
-* its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a
-  user's. The first :func:`hetsync.transport.endpoint.dispatcher` call creates it and is therefore *collective*: every rank
-  must make it (protocols do, in ``start`` or ``fit_data``);
+* its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a user's.
+  :func:`dispatcher` (in :mod:`hetsync.transport.endpoint`, re-exported here with :func:`shutdown` and
+  :data:`CREATE_TIMEOUT_S`) creates it at its first call, which is therefore *collective*;
 * one receive thread that takes every incoming message (matched probe, then receive) and appends
   it to its channel's queue. It polls every :data:`POLL_S` seconds and sleeps in between, because
   OpenMPI's blocking receives spin a core, which ranks sharing cores cannot afford;
-* :meth:`Dispatcher.send` (a non-blocking ``isend``, tracked; optionally waited for) and
-  :meth:`Dispatcher.recv` (waits on a channel for a message from a given source and/or with a
-  given tag), both with timeouts whose :class:`TransportTimeout` names the rank, peer and channel;
-* :meth:`Dispatcher.drain` ends a channel's traffic exactly: every rank sends an end marker to
-  every peer, waits for every peer's marker and discards, counting them, the messages it never
-  read (messages from one source on one channel arrive in the order they were sent: MPI's
-  non-overtaking rule for one tag on one communicator);
-* :meth:`Dispatcher.shutdown` (also :func:`shutdown`, ``hetsync.shutdown()`` and at exit) waits
-  for outstanding sends, counting those that do not complete, stops and joins the thread, counts
-  unread messages and frees the communicator.
+* :meth:`Dispatcher.send` (a non-blocking ``isend``, tracked; optionally waited for) and :meth:`Dispatcher.recv`
+  (waits for a message by channel, source and/or tag), with timeouts whose :class:`TransportTimeout` names the
+  rank, peer and channel; :meth:`Dispatcher.recv_or_fail` (a reply, unless the peer reports its failure first)
+  and :meth:`Dispatcher.gather_at` (an allgather by messages through one rank) build on them;
+* :meth:`Dispatcher.drain` ends a channel's traffic exactly: every rank sends an end marker to every peer, waits
+  for every peer's marker and discards, counting them, the messages it never read (messages from one source on
+  one channel arrive in the order they were sent: MPI's non-overtaking rule for one tag on one communicator);
+* :meth:`Dispatcher.shutdown` waits for outstanding sends (counting those that do not complete),
+  joins the thread, counts unread messages and frees the communicator.
 
 Every channel name is in :mod:`hetsync.transport.channels`. Every message sent, received, read, discarded or
 left undelivered is counted per channel (:meth:`Dispatcher.stats`): nothing is dropped silently.
@@ -32,9 +31,10 @@ import threading
 import time
 
 from hetsync.errors import TransportError, TransportTimeout
+from hetsync.transport.endpoint import CREATE_TIMEOUT_S, dispatcher, shutdown
 
-__all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "POLL_S", "DEFAULT_TIMEOUT_S", "MPI_TAG",
-           "COUNTERS", "WAIT_SLICE_S"]
+__all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
+           "DEFAULT_TIMEOUT_S", "CREATE_TIMEOUT_S", "MPI_TAG", "COUNTERS", "WAIT_SLICE_S"]
 
 log = logging.getLogger("hetsync")
 
@@ -46,9 +46,8 @@ POLL_S = 0.0005
 DEFAULT_TIMEOUT_S = 60.0
 #: seconds :meth:`Dispatcher.recv_or_fail` waits at a time before it looks at its failure channel again.
 WAIT_SLICE_S = 0.05
-#: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the
-#: thread, returned by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends that
-#: had not completed when ``shutdown`` gave up on them.
+#: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the thread, returned
+#: by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends not completed when ``shutdown`` gave up.
 COUNTERS = ("sent", "received", "read", "discarded", "undelivered")
 
 
@@ -68,7 +67,6 @@ class _End:
 
 
 _END = _End()
-
 
 #: one tracked send: the MPI request, the destination rank, the channel, the tag, and whether it is an end marker.
 _Send = collections.namedtuple("_Send", ["request", "dest", "channel", "tag", "marker"])
@@ -385,15 +383,14 @@ class Dispatcher:
         """Wait for one message from ``source``, unless a failure report or the deadline comes first.
 
         Returns the oldest message on ``channel`` from ``source`` with ``tag``; a message on ``fail_channel``
-        (a peer reporting its failure, e.g. a parameter server's ``ps.error``) or the deadline raises.
+        (a peer's failure report, e.g. a parameter server's on :data:`channels.PS_ERROR`) or the deadline raises.
 
         Args:
-            channel: str. source: int rank. tag: None or the sender's tag.
-            timeout_s: float seconds >= 0 in all.
+            channel: str. source: int rank. tag: None or the sender's tag. timeout_s: float seconds >= 0 in all.
             fail_channel: str or None, a channel whose any message means the peer failed.
             error: exception class to raise (a :class:`hetsync.errors.HetsyncError` subclass).
-            late: str, the message of the timeout error (default: names this rank, the peer, the
-                channel, the tag and the seconds waited).
+            late: str, the timeout error's message, to which the channel and tag are added (default: names
+                this rank, the peer, the channel, the tag and the seconds waited).
             failed: callable ``(source rank, report object) -> str``, the message of a failure report
                 (default: "rank R failed: REPORT").
 
@@ -401,7 +398,8 @@ class Dispatcher:
             the message's object (not the :class:`Message`).
 
         Raises:
-            error: a failure report arrived, or nothing within ``timeout_s``.
+            error: a failure report arrived, or nothing within ``timeout_s`` (a :class:`TransportTimeout`
+                also lists ``(source, channel, tag)`` in ``pending``).
             TransportError: the dispatcher failed or was shut down while waiting.
         """
         self._check_timeout(timeout_s)
@@ -416,8 +414,11 @@ class Dispatcher:
                 raise error(f"rank {self.rank}: {text}" if failed is None else text)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise error(late or f"rank {self.rank}: nothing on channel {channel!r} from {_who(source)}"
-                                    f"{_tag_text(tag)} within {timeout_s:g} s (the peer is dead or stalled)")
+                where = f"channel {channel!r} from {_who(source)}{_tag_text(tag)}"
+                text = (f"{late} ({where})" if late else
+                        f"rank {self.rank}: nothing on {where} within {timeout_s:g} s (the peer is dead or stalled)")
+                raise error(text, pending=[(source, channel, tag)]) if issubclass(error, TransportTimeout) \
+                    else error(text)
             try:
                 return self.recv(channel, source=source, tag=tag, timeout_s=min(WAIT_SLICE_S, remaining)).obj
             except TransportTimeout:
@@ -447,9 +448,8 @@ class Dispatcher:
             self.send(root, channel, value, tag=tag)
             return self.recv(result_channel, source=root, tag=tag, timeout_s=timeout_s).obj
         rows = [value if r == root else self.recv(channel, source=r, tag=tag, timeout_s=timeout_s).obj for r in ranks]
-        for r in ranks:
-            if r != root:
-                self.send(r, result_channel, rows, tag=tag)
+        for r in [r for r in ranks if r != root]:
+            self.send(r, result_channel, rows, tag=tag)
         return rows
 
     def wait(self, channels, timeout_s):

@@ -8,6 +8,10 @@ Every rank, while a second thread ping-pongs with its neighbours on channel "pp"
   drain  sends 2 messages to every rank, reads only the 2 from rank r+1, drains (2N - 2 discarded),
          then one more message to every rank, which survives the drain and is read;
   miss   rank 0 waits 0.5 s for a message rank 1 never sends (the timeout names both);
+  reply  recv_or_fail: rank 0 gets rank 2's reply while nobody failed; after the gathers, rank 1 reports a
+         failure and rank 0's next wait ends at once naming rank 1; then a reply rank 2 never sends times out
+         after 0.5 s naming the peer, channel and tag;
+  gather gather_at: every rank's value on every rank through rank 0, then over ranks 1 .. N-1 through rank N-1;
   left   leaves one message to itself unread, counted by the shutdown.
 Every rank's results and the shutdown report are gathered on rank 0 and written to OUT.
 """
@@ -18,6 +22,7 @@ import time
 
 import hetsync
 from hetsync import transport
+from hetsync.errors import PSError
 
 out_path = sys.argv[1]
 hetsync.init()
@@ -68,6 +73,31 @@ if rank == 0:
     except transport.TransportTimeout as exc:
         res["miss"] = str(exc)
         res["miss_s"] = time.monotonic() - t0
+
+if rank == 2:
+    p2p.send(0, "reply", "ok", tag=3)
+if rank == 0:
+    res["reply_ok"] = p2p.recv_or_fail("reply", 2, tag=3, timeout_s=30, fail_channel="fail", error=PSError)
+res["gather_all"] = p2p.gather_at(0, range(n), "gather", "gather.result", rank * 10, tag=1, timeout_s=30)
+if rank > 0:  # a gather over some ranks only (as over the workers when some ranks serve), rooted elsewhere
+    res["gather_sub"] = p2p.gather_at(n - 1, range(1, n), "gather", "gather.result", {"r": rank}, tag=2,
+                                      timeout_s=30)
+if rank == 1:  # after the first gather: rank 0 already has rank 2's reply
+    p2p.send(0, "fail", "disk full")
+if rank == 0:
+    t0 = time.monotonic()
+    try:
+        p2p.recv_or_fail("reply", 2, tag=1, timeout_s=30, fail_channel="fail", error=PSError)
+        res["reply_fail"] = "no error"
+    except PSError as exc:
+        res["reply_fail"], res["reply_fail_s"] = str(exc), time.monotonic() - t0
+    t0 = time.monotonic()
+    try:
+        p2p.recv_or_fail("reply", 2, tag=2, timeout_s=0.5)
+        res["reply_late"] = "no error"
+    except transport.TransportTimeout as exc:
+        res["reply_late"], res["reply_late_pending"] = str(exc), exc.pending
+        res["reply_late_s"] = time.monotonic() - t0
 
 th.join(60)
 res["pp_errors"] = pp_errors

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 import hetsync
-import hetsync.protocols.rna.hierarchical as rnah_module
+import hetsync.protocols.rna.group_rounds as rounds_module  # where the rounds take and publish the gradient cache
 
 mode, out_path = sys.argv[1], sys.argv[2]
 hetsync.init()
@@ -71,8 +71,8 @@ class Observer:
         return self.real.grad_cache_publish(cache, reduced, round_id)
 
 
-observer = Observer(rnah_module.ops)
-rnah_module.ops = observer
+observer = Observer(rounds_module.ops)
+rounds_module.ops = observer
 
 keras.utils.set_random_seed(0)
 if mode == "one":

@@ -1,5 +1,6 @@
 """The point-to-point dispatcher between real ranks (mpirun): channels, tags, any-source receives,
-drain accounting, a timeout naming the peer, two threads at once, the counted shutdown."""
+drain accounting, a timeout naming the peer, two threads at once, the counted shutdown, a receive that a
+peer's failure report ends (recv_or_fail) and the gather through one rank (gather_at)."""
 import pytest
 
 from conftest import launch, read_json
@@ -29,7 +30,16 @@ def test_dispatcher_between_ranks(np_, tmp_path):
         assert st["pp"]["sent"] == st["pp"]["read"] == 200
         assert q["shutdown"]["unread_messages"] == {"left": 1} and q["shutdown"]["undelivered_sends"] == 0
         assert q["shutdown"]["thread_stopped"]
+        assert q["gather_all"] == [s * 10 for s in range(n)]  # the same list, in rank order, on every rank
+        assert q.get("gather_sub") == (None if rank == 0 else [{"r": s} for s in range(1, n)])
     miss = r["ranks"][0]
     assert miss["miss"] == ("rank 0: timed out after 0.5 s waiting for a message on channel 'miss' from rank 1 "
                             "with tag 'x'")
     assert 0.5 <= miss["miss_s"] < 10.0
+    assert miss["reply_ok"] == "ok"  # a reply while the failure channel is empty
+    assert miss["reply_fail"] == "rank 0: rank 1 failed: disk full" and miss["reply_fail_s"] < 10.0  # not 30 s
+    assert miss["reply_late"] == ("rank 0: nothing on channel 'reply' from rank 2 with tag 2 within 0.5 s "
+                                  "(the peer is dead or stalled)")
+    assert miss["reply_late_pending"] == [[2, "reply", 2]] and 0.5 <= miss["reply_late_s"] < 10.0
+    st = miss["shutdown"]["channels"]
+    assert st["reply"]["read"] == st["fail"]["read"] == 1  # the failure report was read, not left over

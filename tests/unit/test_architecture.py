@@ -1,4 +1,5 @@
 """The architecture's rules, checked: the import contracts (import-linter, pyproject.toml) and the TF-free parts."""
+import ast
 import os
 import pkgutil
 import subprocess
@@ -117,4 +118,47 @@ def test_channel_names_live_in_transport_channels_only():
             for node in ast.walk(ast.parse(open(path).read())):
                 if isinstance(node, ast.Constant) and node.value in names:
                     spelled.append(f"{os.path.relpath(path, root)}:{node.lineno}: {node.value!r}")
+    assert not spelled, spelled
+
+
+#: the dispatcher's methods that take a channel name: method -> (positions, keywords) of its channel argument(s)
+_CHANNEL_ARGS = {"send": ((1,), ("channel",)), "tell": ((1,), ("channel",)), "flush": ((1,), ("channel",)),
+                 "recv": ((0,), ("channel",)), "poll": ((0,), ("channel",)), "drain": ((0,), ("channel",)),
+                 "route": ((0,), ("channel",)), "unroute": ((0,), ("channel",)), "wait": ((0,), ("channels",)),
+                 "recv_or_fail": ((0, 4), ("channel", "fail_channel")),
+                 "gather_at": ((2, 3), ("channel", "result_channel"))}
+
+
+def _spelled_channels(source):
+    """(line, method) of each call of a dispatcher channel method whose channel argument is spelled in place: a str
+    literal, an f-string, or a list/tuple holding one."""
+    def spelled(node):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return any(spelled(e) for e in node.elts)
+        return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CHANNEL_ARGS:
+            positions, keywords = _CHANNEL_ARGS[node.func.attr]
+            args = [node.args[i] for i in positions if i < len(node.args)]
+            args += [k.value for k in node.keywords if k.arg in keywords]
+            if any(spelled(a) for a in args):
+                found.append((node.lineno, node.func.attr))
+    return found
+
+
+def test_no_dispatcher_call_spells_a_channel_name():
+    """Rule 10, for names not yet in the table: every channel argument of a dispatcher call is a name from
+    hetsync.transport.channels, never a literal written at the call."""
+    assert _spelled_channels("d.send(1, 'x.y', 2)\nd.recv(channel=f'x.{k}')\nd.wait(['a'], 1)\n"
+                             "d.gather_at(0, [0], C.A, 'b', 1)\nd.send(1, C.A, 'payload')\nev.wait(0.5)") == \
+        [(1, "send"), (2, "recv"), (3, "wait"), (4, "gather_at")]  # the scan sees literals, and only in a channel's place
+    root = os.path.dirname(hetsync.__file__)
+    spelled = []
+    for dirpath, _, files in os.walk(root):
+        for f in (f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, f)
+            if os.path.relpath(path, root) != os.path.join("transport", "channels.py"):
+                spelled += [f"{os.path.relpath(path, root)}:{n}: {m}" for n, m in _spelled_channels(open(path).read())]
     assert not spelled, spelled

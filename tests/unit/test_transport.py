@@ -241,3 +241,20 @@ def test_gather_at_returns_every_ranks_value_in_rank_order(p2p):
     assert p2p.gather_at(0, [0], "t.gather", "t.result", {"loss": 1.5}, tag=7, timeout_s=5) == [{"loss": 1.5}]
     with pytest.raises(ValueError, match="root 1 must be in ranks"):
         p2p.gather_at(1, [0], "t.gather", "t.result", 1)
+
+
+def test_recv_or_fail_names_the_channel_and_tag_after_the_callers_text_and_lists_the_awaited_peer(p2p):
+    from hetsync.errors import RNAHError
+
+    with pytest.raises(TransportTimeout) as info:
+        p2p.recv_or_fail("t.data", 0, tag=6, timeout_s=0.1)
+    assert info.value.pending == [(0, "t.data", 6)]
+    with pytest.raises(RNAHError, match=r"^no reply from rank 0 within 0.1 s \(channel 't.data' from rank 0 with tag 6\)$"):
+        p2p.recv_or_fail("t.data", 0, tag=6, timeout_s=0.1, error=RNAHError, late="no reply from rank 0 within 0.1 s")
+
+
+def test_p2p_still_exports_the_endpoint_it_was_split_from():
+    from hetsync.transport import endpoint, p2p
+
+    assert (p2p.dispatcher, p2p.shutdown, p2p.CREATE_TIMEOUT_S) == (endpoint.dispatcher, endpoint.shutdown, 120.0)
+    assert {"dispatcher", "shutdown", "CREATE_TIMEOUT_S"} <= set(p2p.__all__)

@@ -13,10 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 from hetsync import ops
-from hetsync.protocols.ps.server import ERROR
 from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER
 from hetsync.protocols.rna.groups import (BCAST, FROM_SERVER, PARAMS, PARAMS_BACK, REDUCE, RESULT, TO_SERVER, RNAHError,
                                           speed_groups)
+from hetsync.transport import channels
 
 __all__ = ["GroupRounds", "MAX_LOG"]
 
@@ -27,12 +27,21 @@ MAX_LOG = 20000
 
 
 class GroupRounds:
-    """The rounds of :class:`hetsync.protocols.rna.hierarchical.HierarchicalRNAProtocol` (a mixin; see the module docstring)."""
+    """The rounds of :class:`hetsync.protocols.rna.hierarchical.HierarchicalRNAProtocol` (a mixin; RNA section 4).
+
+    Runs on the protocol's communication thread (:meth:`report_time` on the training thread, from a batch-end
+    hook). Uses the state the protocol's ``start`` sets: the dispatcher ``_p2p``, this rank ``_rank``, its
+    group ``_gid`` / ``_members`` (list of int ranks), the servers' ``server_ranks`` and shard ``ranges``
+    (``(lo, hi)`` of the flat parameter vector of P float32), the gradient and parameter caches, the
+    statistics and ``cfg.timeout_s`` (seconds, every wait's limit).
+    Group messages go on the ``RNAH_*`` channels of :mod:`hetsync.transport.channels`, tagged
+    ``(epoch, round)``.
+    """
 
     def _recv(self, channel, source, tag, what):
-        """Wait up to ``timeout_s`` for one message; a server's failure (channel ``ps.error``) raises at once."""
+        """Wait up to ``timeout_s`` for one message; a server's failure (on ``channels.PS_ERROR``) raises at once."""
         return self._p2p.recv_or_fail(
-            channel, source, tag=tag, timeout_s=self.cfg.timeout_s, fail_channel=ERROR, error=RNAHError,
+            channel, source, tag=tag, timeout_s=self.cfg.timeout_s, fail_channel=channels.PS_ERROR, error=RNAHError,
             late=(f"HierarchicalRNA: rank {self._rank}: no {what} from rank {source} within "
                   f"timeout_s={self.cfg.timeout_s:g} s (dead or stalled)"),
             failed=lambda src, obj: f"HierarchicalRNA: worker rank {self._rank}: parameter server rank {src} failed: {obj}")
@@ -57,6 +66,11 @@ class GroupRounds:
     def join_round(self, round_id, initiator, average, drift, ps=False):
         """Join round ``round_id`` of this rank's group (Algorithm 2 over the group's members), then on a
         ``ps`` round the server exchange and the broadcast (phases 2-3), then a parameter round if asked.
+
+        Args:
+            round_id: int r, the group's round number. initiator: int rank of the member that sums the group.
+            average: bool, average the group's parameters after the round. drift: bool, measure their drift.
+            ps: bool, a round that exchanges the initiator's model with the parameter servers.
 
         Raises:
             RNAHError: a member, the initiator or a server did not answer within ``timeout_s``.
@@ -167,7 +181,11 @@ class GroupRounds:
             self._local["corrections"] += 1
 
     def report_time(self, mean_ms):
-        """Send this worker's measured mean step time (milliseconds) to rank 0's controller (``groups="auto"``)."""
+        """Send this worker's measured mean step time to rank 0's controller (``groups="auto"``, the warm-up).
+
+        Args:
+            mean_ms: float, the mean step time in milliseconds.
+        """
         self._p2p.send(0, TO_CONTROLLER, ("time", float(mean_ms)))
 
     def _decide(self, times, current_round):
@@ -193,8 +211,16 @@ class GroupRounds:
         return True
 
     def regroup(self, epoch, groups, first_round, decision):
-        """Switch to new groups (the :class:`RoundLoop` calls it on ``("regroup", ...)``); returns
-        ``(controller or None, controller rank)``: the group's lowest rank runs a new controller."""
+        """Switch to new groups (the :class:`RoundLoop` calls it on ``("regroup", ...)``).
+
+        Args:
+            epoch: int, the group epoch the new groups start. groups: list of lists of int ranks.
+            first_round: int, the new groups' first round number. decision: dict of rank 0's measurement
+                (``times_ms``: {str rank: float milliseconds}).
+
+        Returns:
+            ``(controller or None, controller rank int)``: the group's lowest rank runs a new controller.
+        """
         old = self._ctl
         self.epoch, self.groups = int(epoch), [list(g) for g in groups]
         self.changes.append({"epoch": self.epoch, "round": int(first_round), "groups": self.groups, "source": "auto",

@@ -22,7 +22,7 @@ Messages (all through :mod:`hetsync.transport.p2p`):
   ``"groups"`` with ``(epoch, groups, x0 shard)`` (rank 0, when ``groups="auto"`` splits), ``"alive"``
   (a heartbeat every ``timeout_s / 4`` seconds) and ``"done"`` (the worker's training ended);
 * server -> worker, channel :data:`FROM_SERVER`: tag ``seq``, obj the averaged shard (float32);
-  :data:`hetsync.protocols.ps.server.ERROR` carries a server's failure.
+  :data:`hetsync.transport.channels.PS_ERROR` (the parameter servers' own) carries a server's failure.
 """
 import math
 import numbers
@@ -31,7 +31,6 @@ import time
 import numpy as np
 
 from hetsync import transport
-from hetsync.protocols.ps.server import ERROR
 from hetsync.protocols.rna.control import Controller
 from hetsync.errors import RNAHError
 from hetsync.transport import channels
@@ -348,7 +347,7 @@ class GroupServer:
         try:
             self._loop()
         except RNAHError as exc:
-            self.p2p.tell([r for r in self.workers if r not in self.done], ERROR, str(exc))
+            self.p2p.tell([r for r in self.workers if r not in self.done], channels.PS_ERROR, str(exc))
             raise
         return self.stats()
 
