@@ -84,9 +84,18 @@ LAUNCH_MARK = "HETSYNC_TEST_LAUNCH"
 _launch_count = [0]
 
 
+#: environment variable naming the pytest session (the pid of its controller, inherited by the xdist workers):
+#: every launch mark starts with it, so the controller can stop what a crashed worker's launches left running.
+SESSION_VAR = "HETSYNC_TEST_SESSION"
+
+
+def _session():
+    return os.environ.get(SESSION_VAR) or str(os.getpid())
+
+
 def _launch_id():
     _launch_count[0] += 1
-    return f"{os.getpid()}-{_launch_count[0]}"
+    return f"{_session()}-{os.getpid()}-{_launch_count[0]}"
 
 
 def _die_with_parent():
@@ -289,6 +298,18 @@ def _no_launch_outside_the_launch_tiers(request, monkeypatch):
     yield
 
 
+def pytest_configure(config):
+    """The controller (or a run without xdist) names the session before any worker starts; a pytest run
+    started inside a test gets its own name, not the outer run's."""
+    if not hasattr(config, "workerinput"):
+        os.environ[SESSION_VAR] = str(os.getpid())
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """Stop whatever a launch of this test process left running (belt and braces: run_job stops its own)."""
-    _stop_launched(f"{os.getpid()}-", prefix=True)
+    """Stop whatever a launch left running (belt and braces: run_job stops its own). A worker stops its own
+    launches' leftovers; the controller stops every launch of the session, also those of a worker that a test
+    timeout ended while its launcher was still starting ranks (they would outlive the run)."""
+    if hasattr(session.config, "workerinput"):
+        _stop_launched(f"{_session()}-{os.getpid()}-", prefix=True)
+    else:
+        _stop_launched(f"{_session()}-", prefix=True)

@@ -12,6 +12,7 @@ MODE:
              others' 3 ms), SGD(0.01), 60 steps: backup_workers=1 with max_ig=3, then the same with
              skip=3, then staleness=2; the final average is on.
   early      ring of N, 40 steps; rank 1 stops training after its 5th step: every rank must fail soon
+             (each rank writes OUT.json.rankR with its error and elapsed seconds)
              with the reason (not wait for a timeout).
 """
 import json
@@ -89,7 +90,9 @@ elif mode == "early":
     except Exception as exc:  # noqa: BLE001 - the test reads the message
         out["error"] = f"{type(exc).__name__}: {exc}"
     out["elapsed_s"] = time.time() - t0
-    print(json.dumps({"rank": rank, "error": out["error"], "elapsed_s": out["elapsed_s"]}), flush=True)
+    # one file per rank: lines printed by 4 ranks at once can reach mpirun's stdout interleaved
+    with open(f"{out_path}.rank{rank}", "w") as f:
+        json.dump({"rank": rank, "error": out["error"], "elapsed_s": out["elapsed_s"]}, f)
     sys.exit(0)  # every rank reports; the test reads the errors (a non-zero exit would let mpirun kill the others)
 else:
     raise SystemExit(f"unknown mode {mode!r}")

@@ -1,5 +1,4 @@
 """Hop and NOTIFY-ACK with real 4-rank mpirun jobs: closed forms, tokens, backup workers, skipping, staleness, the end."""
-import json
 import os
 
 import numpy as np
@@ -88,8 +87,9 @@ def test_straggler_backup_workers_skipping_and_staleness_keep_the_bounds(tmp_pat
 
 
 def test_a_rank_that_stops_early_stops_every_rank_with_the_reason(tmp_path):
-    proc = launch(4, ["tests/jobs/hop_check.py", "early", str(tmp_path / "early.json")], timeout=240)
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{\"rank\"")]
+    out = tmp_path / "early.json"
+    proc = launch(4, ["tests/jobs/hop_check.py", "early", str(out)], timeout=240)
+    reports = [read_json(f"{out}.rank{rank}") for rank in range(4) if os.path.exists(f"{out}.rank{rank}")]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3], proc.stdout[-3000:]
     for r in reports:
         assert r["error"] and "rank 1 stopped training at iteration 5 of 40" in r["error"], r
