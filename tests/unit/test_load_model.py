@@ -1,5 +1,10 @@
 """hetsync.load_model: a model saved with every wrapped protocol comes back with the same protocol,
-configuration, optimizer state and weights (single process)."""
+configuration, optimizer state and weights (single process); a model saved before the package's layout moved
+(a pinned fixture) loads."""
+import json
+import os
+import zipfile
+
 import keras
 import numpy as np
 import pytest
@@ -139,3 +144,51 @@ def test_a_saved_unknown_protocol_is_refused_clearly():
     config["hetsync"] = {"protocol": "bsp", "config": {}, "optimizer": {"class_name": "NoSuchOpt", "module": "nowhere"}}
     with pytest.raises(ValueError, match="cannot find the optimizer class 'NoSuchOpt'"):
         cls.from_config(config)
+
+
+SAVED = os.path.join(os.path.dirname(__file__), "fixtures", "saved_models")
+
+
+def _build_keras_zip(fixture, path):
+    """Write ``path`` (a .keras zip) from a pinned text fixture: its config.json and metadata.json as saved, and
+    a model.weights.h5 holding the saved datasets. Nothing of the zip comes from today's code."""
+    import h5py
+
+    with h5py.File(os.path.join(os.path.dirname(path), "model.weights.h5"), "w") as f:
+        for key, d in fixture["weights"].items():
+            f.create_dataset(key, data=np.asarray(d["values"], dtype=d["dtype"]).reshape(d["shape"]))
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("config.json", json.dumps(fixture["config"]))
+        z.writestr("metadata.json", json.dumps(fixture["metadata"]))
+        z.write(os.path.join(os.path.dirname(path), "model.weights.h5"), "model.weights.h5")
+
+
+@pytest.mark.parametrize("name, wrapper, base", [("rna", "RNA", keras.optimizers.SGD),
+                                                 ("hop", "Hop", keras.optimizers.Adam),
+                                                 ("shat", "SHAT", keras.optimizers.SGD)])
+def test_a_model_saved_before_the_package_layout_moved_loads(name, wrapper, base, tmp_path):
+    # the fixture names the old module path (hetsync.protocols.wrapper) and the registered names hetsync>RNA, ...
+    with open(os.path.join(SAVED, f"{name}.json")) as f:
+        fixture = json.load(f)
+    saved_opt = fixture["config"]["compile_config"]["optimizer"]
+    assert saved_opt["module"] == "hetsync.protocols.wrapper" and saved_opt["registered_name"] == f"hetsync>{wrapper}"
+    path = str(tmp_path / "old.keras")
+    _build_keras_zip(fixture, path)
+
+    loaded = hetsync.load_model(path)
+    opt = loaded.optimizer
+    assert type(opt).__name__ == f"{wrapper}_{base.__name__}" and isinstance(opt, base)
+    proto = opt.hetsync_protocol
+    assert proto.name == name and proto.optimizer is opt
+    saved = saved_opt["config"]["hetsync"]["config"]
+    config = proto.config()
+    assert {k: config[k] for k in saved} == saved  # every saved setting, non-defaults included, came back
+    assert float(opt.learning_rate.numpy()) == pytest.approx(saved_opt["config"]["learning_rate"])
+    # the layer's and the optimizer's variables hold exactly the saved values
+    weights = fixture["weights"]
+    for i, w in enumerate(loaded.get_layer("dense").get_weights()):
+        assert np.array_equal(w, np.asarray(weights[f"layers/dense/vars/{i}"]["values"], "float32").reshape(w.shape))
+    for i, v in enumerate(opt.variables):
+        saved_v = weights[f"optimizer/vars/{i}"]
+        assert np.array_equal(v.numpy(), np.asarray(saved_v["values"], saved_v["dtype"]).reshape(saved_v["shape"]))
+    assert len(opt.variables) == sum(k.startswith("optimizer/vars/") for k in weights)
