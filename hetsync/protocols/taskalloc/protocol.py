@@ -229,7 +229,10 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         rec = {"epoch": int(epoch), "w": [int(v) for v in self.weights], "samples": [int(v) for v in samples],
                "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
                "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
-               "speed_samples_per_s": [float(v) for v in rate], "efficiency": eff, "next_w": None,
+               "speed_samples_per_s": [float(v) for v in rate],
+               "steady_samples": [float(v) for v in col("steady_samples")],
+               "steady_t_s_s": [float(v) for v in col("steady_compute_s")],
+               "steady_wall_s": float(col("steady_wall_s").max()), "efficiency": eff, "next_w": None,
                "change": None, "gain": None, "stable": self.stable}
         if self.cfg.mode == "adaptive" and not self.stable:
             if np.all(rate > 0):
