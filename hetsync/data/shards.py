@@ -22,7 +22,6 @@ pure function of (seed, rank, t) and the injection exchange of step t is tagged 
 import logging
 import math
 import threading
-import time
 
 import keras
 import numpy as np
@@ -377,19 +376,16 @@ class InjectionDataset(BatchDataset):
         return xs, ys
 
     def _recv(self, src, t):
-        """Wait for step t's samples from rank src in slices of 0.2 s, so :meth:`close` can end the wait."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
+        """Wait up to ``timeout_s`` for step t's samples from rank src; :meth:`close` ends the wait within one
+        wait slice (:meth:`hetsync.transport.p2p.Dispatcher.recv_or_fail`)."""
+        def open_():
             if self._closed:
                 raise RuntimeError(f"rank {self.rank}: data injection closed while waiting for step {t} from rank {src}")
-            try:
-                return self._p2p.recv(self.CHANNEL, source=src, tag=t, timeout_s=0.2).obj
-            except transport.TransportTimeout:
-                if time.monotonic() > deadline:
-                    raise transport.TransportTimeout(
-                        f"rank {self.rank}: timed out after {self.timeout_s:g} s waiting for injected samples of "
-                        f"step {t} from rank {src} (channel {self.CHANNEL!r})", pending=[(src, self.CHANNEL, t)]
-                    ) from None
+
+        return self._p2p.recv_or_fail(
+            self.CHANNEL, source=src, tag=t, timeout_s=self.timeout_s, check=open_,
+            late=f"rank {self.rank}: timed out after {self.timeout_s:g} s waiting for injected samples of step {t} "
+                 f"from rank {src}")
 
     def close(self, timeout_s=None):
         """End the injection traffic; every rank must call it (SelSync's ``stop`` does).

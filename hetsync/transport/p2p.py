@@ -5,21 +5,18 @@ the sample pool all go through one :class:`Dispatcher` per process (mpi4py with 
 shares the MPI world with horovod; a background thread may send and receive on a duplicated
 communicator while the main thread trains with horovod's collectives):
 
-* its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a user's.
-  :func:`dispatcher` (in :mod:`hetsync.transport.endpoint`, re-exported here with :func:`shutdown` and
-  :data:`CREATE_TIMEOUT_S`) creates it at its first call, which is therefore *collective*;
-* one receive thread that takes every incoming message (matched probe, then receive) and appends
-  it to its channel's queue. It polls every :data:`POLL_S` seconds and sleeps in between, because
-  OpenMPI's blocking receives spin a core, which ranks sharing cores cannot afford;
+* its own communicator, ``MPI.COMM_WORLD.Dup()``, so its messages never match horovod's or a user's;
+  :func:`hetsync.transport.endpoint.dispatcher` (re-exported here) creates it at its first call (collective);
+* one receive thread that takes every incoming message (matched probe, then receive) into its channel's
+  queue, polling every :data:`POLL_S` seconds (OpenMPI's blocking receives spin a core);
 * :meth:`Dispatcher.send` (a non-blocking ``isend``, tracked; optionally waited for) and :meth:`Dispatcher.recv`
   (waits for a message by channel, source and/or tag), with timeouts whose :class:`TransportTimeout` names the
   rank, peer and channel; :meth:`Dispatcher.recv_or_fail` (a reply, unless the peer reports its failure first)
   and :meth:`Dispatcher.gather_at` (an allgather by messages through one rank) build on them;
 * :meth:`Dispatcher.drain` ends a channel's traffic exactly: every rank sends an end marker to every peer, waits
-  for every peer's marker and discards, counting them, the messages it never read (messages from one source on
-  one channel arrive in the order they were sent: MPI's non-overtaking rule for one tag on one communicator);
-* :meth:`Dispatcher.shutdown` waits for outstanding sends (counting those that do not complete),
-  joins the thread, counts unread messages and frees the communicator.
+  for every peer's marker and discards, counting them, the messages it never read (MPI's non-overtaking rule);
+* :meth:`Dispatcher.shutdown` waits for outstanding sends (counting those that do not complete), joins the
+  thread, counts unread messages and frees the communicator.
 
 Every channel name is in :mod:`hetsync.transport.channels`. Every message sent, received, read, discarded or
 left undelivered is counted per channel (:meth:`Dispatcher.stats`): nothing is dropped silently.
@@ -379,7 +376,7 @@ class Dispatcher:
                 self._cv.wait(remaining)
 
     def recv_or_fail(self, channel, source, tag=None, timeout_s=DEFAULT_TIMEOUT_S, fail_channel=None,
-                     error=TransportTimeout, late=None, failed=None):
+                     error=TransportTimeout, late=None, failed=None, check=None):
         """Wait for one message from ``source``, unless a failure report or the deadline comes first.
 
         Returns the oldest message on ``channel`` from ``source`` with ``tag``; a message on ``fail_channel``
@@ -393,6 +390,7 @@ class Dispatcher:
                 this rank, the peer, the channel, the tag and the seconds waited).
             failed: callable ``(source rank, report object) -> str``, the message of a failure report
                 (default: "rank R failed: REPORT").
+            check: callable ``() -> None`` called every ``WAIT_SLICE_S`` seconds at most; what it raises ends the wait.
 
         Returns:
             the message's object (not the :class:`Message`).
@@ -400,6 +398,7 @@ class Dispatcher:
         Raises:
             error: a failure report arrived, or nothing within ``timeout_s`` (a :class:`TransportTimeout`
                 also lists ``(source, channel, tag)`` in ``pending``).
+            Exception: whatever ``check`` raises.
             TransportError: the dispatcher failed or was shut down while waiting.
         """
         self._check_timeout(timeout_s)
@@ -412,6 +411,8 @@ class Dispatcher:
             if report is not None:
                 text = failed(report.source, report.obj) if failed else f"rank {report.source} failed: {report.obj}"
                 raise error(f"rank {self.rank}: {text}" if failed is None else text)
+            if check is not None:
+                check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 where = f"channel {channel!r} from {_who(source)}{_tag_text(tag)}"

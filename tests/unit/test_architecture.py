@@ -162,3 +162,16 @@ def test_no_dispatcher_call_spells_a_channel_name():
             if os.path.relpath(path, root) != os.path.join("transport", "channels.py"):
                 spelled += [f"{os.path.relpath(path, root)}:{n}: {m}" for n, m in _spelled_channels(open(path).read())]
     assert not spelled, spelled
+
+
+def test_no_module_is_over_600_lines():
+    # one algorithm or one mechanism per module: a module that outgrows this is split, not allowed to grow
+    sizes = {}
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "hetsync")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    sizes[os.path.relpath(path, ROOT)] = sum(1 for _ in f)
+    assert len(sizes) > 50 and "hetsync/transport/p2p.py" in sizes
+    assert {path: n for path, n in sizes.items() if n > 600} == {}

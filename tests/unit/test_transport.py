@@ -253,6 +253,26 @@ def test_recv_or_fail_names_the_channel_and_tag_after_the_callers_text_and_lists
         p2p.recv_or_fail("t.data", 0, tag=6, timeout_s=0.1, error=RNAHError, late="no reply from rank 0 within 0.1 s")
 
 
+def test_recv_or_fail_ends_the_wait_when_check_raises_and_not_before(p2p):
+    import threading
+
+    closed = threading.Event()
+
+    def check():
+        if closed.is_set():
+            raise RuntimeError("closed while waiting")
+
+    threading.Timer(0.3, closed.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="^closed while waiting$"):
+        p2p.recv_or_fail("t.data", 0, tag=8, timeout_s=30, check=check)
+    assert 0.3 <= time.monotonic() - t0 < 0.3 + 5  # ended by the close, one wait slice after it, not the deadline
+    calls = []
+    threading.Timer(0.2, p2p.send, (0, "t.data", "reply"), {"tag": 9}).start()
+    assert p2p.recv_or_fail("t.data", 0, tag=9, timeout_s=30, check=lambda: calls.append(1)) == "reply"
+    assert calls  # checked while waiting
+
+
 def test_p2p_still_exports_the_endpoint_it_was_split_from():
     from hetsync.transport import endpoint, p2p
 
