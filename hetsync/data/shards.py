@@ -378,12 +378,12 @@ class InjectionDataset(BatchDataset):
     def _recv(self, src, t):
         """Wait up to ``timeout_s`` for step t's samples from rank src; :meth:`close` ends the wait within one
         wait slice (:meth:`hetsync.transport.p2p.Dispatcher.recv_or_fail`)."""
-        def open_():
+        def still_open():
             if self._closed:
                 raise RuntimeError(f"rank {self.rank}: data injection closed while waiting for step {t} from rank {src}")
 
         return self._p2p.recv_or_fail(
-            self.CHANNEL, source=src, tag=t, timeout_s=self.timeout_s, check=open_,
+            self.CHANNEL, source=src, tag=t, timeout_s=self.timeout_s, check=still_open,
             late=f"rank {self.rank}: timed out after {self.timeout_s:g} s waiting for injected samples of step {t} "
                  f"from rank {src}")
 

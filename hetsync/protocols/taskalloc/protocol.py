@@ -224,15 +224,15 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         samples, compute, wait, wall = col("samples"), col("compute_s"), col("wait_s"), col("wall_s")
         rate = col("speed")
         per_round = np.where(rate > 0, self.weights * self.micro_batch / np.maximum(rate, 1e-12), 0.0)
-        eff = heterogeneity_efficiency(col("steady_samples"), col("steady_compute_s"),
-                                       float(col("steady_wall_s").max()))
+        d_steady, t_steady = col("steady_samples"), col("steady_compute_s")
+        wall_steady = float(col("steady_wall_s").max())
+        eff = heterogeneity_efficiency(d_steady, t_steady, wall_steady)
         rec = {"epoch": int(epoch), "w": [int(v) for v in self.weights], "samples": [int(v) for v in samples],
                "t_s_s": [float(v) for v in compute], "t_s_round_s": [float(v) for v in per_round],
                "wait_s": [float(v) for v in wait], "epoch_wall_s": float(wall.max()),
                "speed_samples_per_s": [float(v) for v in rate],
-               "steady_samples": [float(v) for v in col("steady_samples")],
-               "steady_t_s_s": [float(v) for v in col("steady_compute_s")],
-               "steady_wall_s": float(col("steady_wall_s").max()), "efficiency": eff, "next_w": None,
+               "steady_samples": [float(v) for v in d_steady], "steady_t_s_s": [float(v) for v in t_steady],
+               "steady_wall_s": wall_steady, "efficiency": eff, "next_w": None,
                "change": None, "gain": None, "stable": self.stable}
         if self.cfg.mode == "adaptive" and not self.stable:
             if np.all(rate > 0):
