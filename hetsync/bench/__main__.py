@@ -60,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--report-from", default=None, metavar="DIR",
                    help="run nothing: recompute the figures from the run folders under DIR and rebuild "
                         "DIR/results.json, the tables, plots (and README with --update-readme)")
+    p.add_argument("--twins", action="store_true",
+                   help="also run BSP on each emulated heterogeneous cell's homogeneous twin (every rank at the "
+                        "scenario's mean step, the same total speed): the reference of the heterogeneity tax")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
@@ -86,6 +89,8 @@ def parse_args(argv=None):
             if args.timeout <= 0:
                 raise ValueError(f"--timeout must be positive, got {args.timeout}")
             changes["timeout_s"] = args.timeout
+        if args.twins:
+            changes["twins"] = True
         if changes:
             preset = dataclasses.replace(preset, **changes)
         preset.validate()

@@ -8,7 +8,8 @@ command line). A normal ``model.fit`` script; the hetsync lines are marked ``# h
 MNIST's IDX files come from ``--data-dir`` or the ``HETSYNC_DATA_DIR`` environment variable
 (:func:`hetsync.data.data_dir`), never from a path inside the checkout.
 
-Writes ``OUT/summary.json`` (see README), per-rank step records ``OUT/rank*.jsonl`` and
+Writes ``OUT/summary.json`` (see README; with ``samples_to_target``, ``samples_per_s_steady`` and
+``host_ms_median`` from :mod:`hetsync.bench.progress`), per-rank step records ``OUT/rank*.jsonl`` and
 TensorBoard scalars ``OUT/tensorboard``.
 """
 import argparse
@@ -24,7 +25,10 @@ import tensorflow as tf  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import hetsync  # noqa: E402
-import hetsync.data.shards
+import hetsync.data.shards  # noqa: E402
+from hetsync.bench import progress  # noqa: E402
+
+log = logging.getLogger("hetsync")
 
 __all__ = ["build_model", "parse_args", "main"]
 
@@ -169,7 +173,9 @@ def main(argv=None, extra_callbacks=()):
     accuracy = hetsync.callbacks.TestAccuracy(ds.x_test, ds.y_test, target=args.target_accuracy,
                                               every_steps=args.eval_every)
     metrics = hetsync.callbacks.SyncMetrics(args.out, opt)
-    callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [accuracy, metrics]  # hetsync
+    # SyncMetrics before TestAccuracy: a step's record (its end time) precedes an evaluation after it, so
+    # samples to target counts the evaluated step
+    callbacks = [slowdown] + hetsync.callbacks.standard(opt) + [metrics, accuracy]  # hetsync
     t0 = time.time()
     fit_data = hetsync.data.shards.local_fit_data(opt.hetsync_protocol, ds.x_train, ds.y_train, args.batch_size,
                                                 seed=args.seed, partition=args.partition)
@@ -191,6 +197,12 @@ def main(argv=None, extra_callbacks=()):
         weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6),
     )
     if rank == 0:
+        try:  # every rank's step records are in args.out (one host, or hosts that share the folder)
+            summary = metrics.write_summary(**progress.run_progress(args.out))
+        except FileNotFoundError as exc:
+            log.warning("samples to target not counted: %s (the ranks' step records are not all in %s)",
+                        exc, args.out)
+            summary = metrics.write_summary(samples_to_target=None, samples_per_s_steady=None, host_ms_median=None)
         ttt = summary["time_to_target_s"]
         rows = [("protocol", summary["protocol"]), ("ranks", size if hetsync.num_servers() == 0 else
                                                     f"{size} ({hetsync.num_workers()} workers, "
@@ -198,6 +210,8 @@ def main(argv=None, extra_callbacks=()):
                 ("dataset", f"{args.dataset} ({len(ds.x_train)} train / {len(ds.x_test)} test)"),
                 ("steps per rank", summary["steps"]), ("wall time", f"{summary['wall_s']:.1f} s"),
                 (f"time to {args.target_accuracy:.0%}", "not reached" if ttt is None else f"{ttt:.1f} s"),
+                (f"samples to {args.target_accuracy:.0%}", "not reached" if summary["samples_to_target"] is None
+                 else summary["samples_to_target"]),
                 ("final test accuracy", f"{summary['final_test_accuracy']:.4f}"),
                 ("samples/s", f"{summary['samples_per_s']:.0f}"),
                 ("weights in sync", f"{summary['weights_in_sync']} (max diff {diff:.2g})"),

@@ -22,15 +22,16 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 
 from hetsync.emulation import scenario as _slowdown
-from hetsync.bench import efficiency, launch
+from hetsync.bench import efficiency, launch, progress as _progress
+from hetsync.bench.results import (  # noqa: F401 - the figures' names, kept importable from here
+    AGG_FIELDS, E_FLAG, METRICS, add_ratios, aggregate, analyse_run, protocol_label)
 
-__all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
+__all__ = ["Preset", "PRESETS", "Cell", "parse_cell", "twin_cell", "with_device", "plan", "E_FLAG", "run_matrix", "analyse_run", "add_ratios", "reanalyse",
            "aggregate", "machine_description", "DATASETS", "ROOT", "JOB", "dataset_argv", "missing_data"]
 
 #: the folder holding the ``hetsync`` package (a checkout's root, or site-packages when installed).
@@ -47,11 +48,6 @@ TRAIN_SAMPLES = {"digits": 1437, "mnist": 8000}
 #: solo-speed runs on the real CPU train this many times the epochs of the real runs (a longer, steadier
 #: measurement); on the emulated device the step time is fixed, so the same epochs suffice.
 SOLO_EPOCHS_FACTOR = 2
-#: per-run fields copied into results.json, the table and the ratios.
-METRICS = ("time_to_target_s", "final_test_accuracy", "steps_per_s", "samples_per_s", "efficiency",
-           "efficiency_analytic", "step_ms", "overrun_fraction")
-#: an emulated run whose E (measured or analytic) exceeds this is flagged: E <= 1 on a real cluster.
-E_FLAG = 1.05
 
 
 def dataset_argv(dataset):
@@ -116,6 +112,7 @@ class Cell:
         np: int ranks of this cell's runs, or None for the preset's.
         protocols: tuple of protocol names run in this cell (BSP is always one), or None for all.
         epochs: int epochs of this cell's runs, or None for the preset's for the data set.
+        twin_of: str key of the cell whose homogeneous twin this is (:func:`twin_cell`), or None.
     """
 
     dataset: str
@@ -124,11 +121,14 @@ class Cell:
     np: int = None
     protocols: tuple = None
     epochs: int = None
+    twin_of: str = None
 
     @property
     def key(self):
-        """``"[npN:]dataset/scenario"``, the cell's name in results and on the command line."""
-        return (f"np{self.np}:" if self.np else "") + f"{self.dataset}/{self.scenario}"
+        """``"[npN:]dataset/scenario"``, the cell's name in results and on the command line
+        (``"...~twin"`` for a homogeneous twin, so it never meets a cell of the same scenario)."""
+        twin = "~twin" if self.twin_of else ""
+        return (f"np{self.np}:" if self.np else "") + f"{self.dataset}/{self.scenario}{twin}"
 
     @property
     def emulated(self):
@@ -163,6 +163,26 @@ def parse_cell(text, default_dataset="digits", seeds=None, protocols=None, epoch
                 None if protocols is None else tuple(protocols), epochs)
 
 
+def twin_cell(preset, cell):
+    """The homogeneous twin of ``cell`` (:func:`hetsync.bench.progress.homogeneous_twin`): its data set,
+    ranks, seeds and epochs, BSP only, on ``device:MS`` with MS the scenario's mean step; the reference of
+    the heterogeneity tax. None when ``cell`` is not emulated or already homogeneous (its twin is itself).
+
+    Args:
+        preset: :class:`Preset` (the cell's ranks and the batch size). cell: :class:`Cell`.
+
+    Returns:
+        :class:`Cell` with ``twin_of=cell.key``, or None.
+    """
+    if not cell.emulated or cell.twin_of:
+        return None
+    spec = _slowdown.parse_spec(_progress.homogeneous_twin(cell.scenario, preset.cell_np(cell),
+                                                          preset.batch_size)).spec
+    if spec == _slowdown.parse_spec(cell.scenario).spec:
+        return None
+    return dataclasses.replace(cell, scenario=spec, protocols=("bsp",), twin_of=cell.key)
+
+
 def with_device(cell, device_ms):
     """Return ``cell`` on the emulated device of ``device_ms`` milliseconds per step (a ``device:MS``
     part prepended to its scenario), or unchanged if it has one already or ``device_ms`` is 0/None.
@@ -187,6 +207,8 @@ class Preset:
         target test accuracy. model: "mlp" or "cnn". timeout_s: float seconds allowed per launch.
         evals: int, test evaluations per run (``--eval-every`` is set so that a run of the cell's
         ranks evaluates about this often; 0: once per epoch).
+        twins: bool, also run BSP on every emulated heterogeneous cell's homogeneous twin
+        (:func:`twin_cell`), for the heterogeneity tax.
     """
 
     name: str
@@ -200,6 +222,7 @@ class Preset:
     model: str = "mlp"
     timeout_s: float = 600.0
     evals: int = 0
+    twins: bool = False
 
     def cell_np(self, cell):
         """Ranks of ``cell``'s runs (int)."""
@@ -291,7 +314,8 @@ def plan(preset, protocols):
     Returns:
         list of ``(seed, cell, protocol)``: for each seed, for each cell that has this seed, every
         protocol once (only BSP and the cell's own ``protocols`` where it names some); the protocol
-        order is rotated by one from cell to cell.
+        order is rotated by one from cell to cell. With ``preset.twins``, BSP on the cell's
+        homogeneous twin (:func:`twin_cell`) follows the cell's runs.
     """
     order, k = [], 0
     for seed in sorted({s for c in preset.cells for s in preset.cell_seeds(c)}):
@@ -300,6 +324,9 @@ def plan(preset, protocols):
             rot = k % len(mine)
             order += [(seed, cell, p) for p in mine[rot:] + mine[:rot]]
             k += 1
+            twin = twin_cell(preset, cell) if preset.twins else None
+            if twin is not None:
+                order.append((seed, twin, "bsp"))
     return order
 
 
@@ -313,132 +340,6 @@ def launch_command(preset, seed, cell, protocol, out, protocol_args=()):
         "--protocol", protocol, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"]
         + launch.protocol_args(protocol_args))
 
-
-def analyse_run(run_dir, solo):
-    """Figures of one finished run (see the module docstring of :mod:`hetsync.bench`).
-
-    Time to target counts from the end of rank 0's first (compiling) step, the same offset for
-    every protocol; the raw figure from ``summary.json`` is kept as ``time_to_target_raw_s``.
-
-    Args:
-        run_dir: str, the run's output folder. solo: dict from :func:`efficiency.measure_solo`
-            (``{"error": ...}`` if it failed: E is then None).
-
-    Returns:
-        dict of the run's figures (``time_to_target_s`` may be None: target not reached).
-
-    Raises:
-        FileNotFoundError / ValueError: missing or unusable outputs.
-    """
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
-    rates = efficiency.run_rates(run_dir)
-    records = efficiency.read_jsonl(os.path.join(run_dir, "rank0.jsonl"))
-    first = records[0]["wall_s"]
-    analytic = efficiency.analytic_solo(s["scenario"], s["world_size"], s["batch_size"]) \
-        if s.get("scenario") and s.get("batch_size") else None
-    e_analytic = efficiency.efficiency(rates["samples_per_s"], analytic) if analytic else None
-    e_measured = (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
-                  if "samples_per_s" in solo else None)
-    emulated = bool(s.get("emulated_steps"))
-    target = s.get("target_accuracy")
-    curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
-    reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
-    return {
-        "time_to_target_s": reached[0] if reached else None,
-        "time_to_target_raw_s": s.get("time_to_target_s"),
-        "final_test_accuracy": s.get("final_test_accuracy"),
-        "steps_per_s": rates["steps_per_s"],
-        "samples_per_s": rates["samples_per_s"],
-        "per_rank_samples_per_s": [p["samples_per_s"] for p in rates["per_rank"]],
-        "workers": s.get("workers", s.get("world_size")),  # parameter-server ranks train nothing
-        "rates_concurrent": rates["concurrent"], "rates_window_s": rates["window"],
-        "efficiency": e_measured,
-        "efficiency_analytic": e_analytic,
-        "bsp_expected_efficiency": solo.get("bsp_expected_e"),
-        "bsp_expected_efficiency_analytic": (efficiency.bsp_expected_efficiency_emulated(
-            s["scenario"], s["world_size"], s["batch_size"], steps=4000) if analytic else None),
-        "step_ms": 1e3 / rates["steps_per_s"],
-        "emulated": emulated,
-        "overrun_steps": s.get("overrun_steps", 0), "emulated_steps": s.get("emulated_steps", 0),
-        "overrun_fraction": s.get("overrun_fraction", 0.0) if emulated else None,
-        "emulation_valid": s.get("emulation_valid"),
-        # on the emulated cluster the devices' speeds are known exactly: flag against them (measured solo
-        # speeds carry the sampling noise of a short run's random draws)
-        "e_flagged": bool(emulated and (e_analytic if e_analytic is not None else e_measured or 0.0) > E_FLAG),
-        "steps": s.get("steps"), "wall_s": s.get("wall_s"), "weights_in_sync": s.get("weights_in_sync"),
-        "target_accuracy": target, "accuracy_curve": curve, "stats": s.get("stats", {}),
-        "protocol_label": protocol_label(s.get("protocol"), s.get("protocol_config") or {}),
-    }
-
-
-def protocol_label(name, config):
-    """The protocol's name as the tables show it: task allocation with its mode (``taskalloc (static)``,
-    whose default is an equal static allocation, is not the self-adaptive one); others unchanged."""
-    if name == "taskalloc" and config.get("mode"):
-        return f"taskalloc ({config['mode']})"
-    return name
-
-
-def add_ratios(runs):
-    """Add ratios against BSP of the same seed and cell to every ok run, in place.
-
-    ``speedup_time_to_target`` = BSP's time to target / the run's (> 1: faster than BSP; None if
-    either missed the target); ``samples_per_s_ratio``, ``steps_per_s_ratio``, ``efficiency_ratio`` =
-    the run's / BSP's; ``step_ms_ratio`` = the run's time per step / BSP's; ``accuracy_delta`` =
-    run's final accuracy - BSP's (points of [0, 1]).
-    """
-    bsp = {(r["seed"], r["cell"]): r for r in runs if r["protocol"] == "bsp" and r["status"] == "ok"}
-    for r in runs:
-        base = bsp.get((r["seed"], r["cell"]))
-        if r["status"] != "ok" or base is None:
-            continue
-        t, tb = r["time_to_target_s"], base["time_to_target_s"]
-        r["speedup_time_to_target"] = tb / t if t and tb else None
-        for k in ("samples_per_s", "steps_per_s", "efficiency", "step_ms"):
-            r[f"{k}_ratio"] = r[k] / base[k] if r.get(k) and base.get(k) else None
-        r["accuracy_delta"] = r["final_test_accuracy"] - base["final_test_accuracy"]
-
-
-def _stats(values):
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "std": statistics.pstdev(vals), "n": len(vals)}
-
-
-AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "bsp_expected_efficiency_analytic", "speedup_time_to_target",
-                        "samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio", "step_ms_ratio",
-                        "accuracy_delta")
-
-
-def aggregate(runs):
-    """Median and spread over seeds for every (cell, protocol).
-
-    Returns:
-        list of dicts ``{"cell", "dataset", "scenario", "protocol", "runs", "failed", "reached_target",
-        FIELD: {"median", "min", "max", "std", "n"} or None}`` in the order cells and protocols first
-        appear.
-    """
-    groups = {}
-    for r in runs:
-        groups.setdefault((r["cell"], r["protocol"]), []).append(r)
-    out = []
-    for (cell, proto), rs in groups.items():
-        ok = [r for r in rs if r["status"] == "ok"]
-        row = {"cell": cell, "dataset": rs[0]["dataset"], "scenario": rs[0]["scenario"], "protocol": proto,
-               "label": next((r["protocol_label"] for r in rs if r.get("protocol_label")), proto),
-               "runs": len(rs), "failed": len(rs) - len(ok),
-               "reached_target": sum(1 for r in ok if r["time_to_target_s"] is not None),
-               "not_concurrent": sum(1 for r in ok if r.get("rates_concurrent") is False),
-               "np": rs[0].get("np"), "emulated": any(r.get("emulated") for r in ok),
-               "overrun_invalid": sum(1 for r in ok if r.get("emulation_valid") is False),
-               "e_flagged": sum(1 for r in ok if r.get("e_flagged"))}
-        for k in AGG_FIELDS:
-            row[k] = _stats([r.get(k) for r in ok])
-        out.append(row)
-    return out
 
 
 def reanalyse(results, out_dir):
@@ -523,6 +424,8 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
                disable=not progress, file=sys.stderr)
     try:
         for seed, cell, proto in order:
+            if cell.key not in results["solo"] and cell.twin_of:
+                results["solo"][cell.key] = {"error": "not measured: a homogeneous twin (the tax's reference)"}
             if cell.key not in results["solo"]:
                 bar.set_postfix_str(f"solo speeds {cell.key}")
                 solo_dir = os.path.join(out_dir, "solo", _slug(cell.key))
@@ -554,7 +457,7 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
 def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
     cmd = launch_command(preset, seed, cell, proto, run_dir, proto_args)
     rec = {"protocol": proto, "seed": seed, "cell": cell.key, "dataset": cell.dataset, "scenario": cell.scenario,
-           "np": preset.cell_np(cell), "out": run_dir, "command": " ".join(shlex.quote(a) for a in cmd)}
+           "np": preset.cell_np(cell), "out": run_dir, "twin_of": cell.twin_of, "command": " ".join(shlex.quote(a) for a in cmd)}
     os.makedirs(run_dir, exist_ok=True)
     t = time.time()
     try:

@@ -51,21 +51,31 @@ def _overruns(s):
 def comparison_rows(summaries):
     """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time.
 
+    ``samples to target``: samples all ranks processed up to the first evaluation at or above the
+    target (:mod:`hetsync.bench.progress`); ``statistical efficiency``: BSP's samples to target over
+    the run's (below 1: the run needed more samples than BSP); ``steady samples/s``: after the first
+    epoch, epoch boundaries included.
+
     ``steps``: the most steps any rank ran; ``syncs``: collective rounds rank 0 joined (BSP: one per
     step; RNA: its partial-allreduce rounds; SelSync and local SGD: their synchronizations)."""
     bsp = next((s for s in summaries if s.get("protocol") == "bsp"), None)
     headers = ["protocol", "scenario", "ranks", "steps", "syncs", "wall s", "time to target s", "speed-up vs BSP",
-               "final acc", "samples/s", "weights in sync", "overrun steps"]
+               "samples to target", "statistical efficiency", "final acc", "samples/s", "steady samples/s",
+               "weights in sync", "overrun steps"]
     rows = []
     for s in summaries:
         ttt = s.get("time_to_target_s")
         speedup = None
         if bsp is not None and ttt and bsp.get("time_to_target_s"):
             speedup = bsp["time_to_target_s"] / ttt
+        stt = s.get("samples_to_target")
+        stat_eff = bsp["samples_to_target"] / stt if bsp is not None and stt and bsp.get("samples_to_target") else None
         rows.append([s.get("protocol"), s.get("scenario"), s.get("world_size"), s.get("steps"),
                      (s.get("stats") or {}).get("syncs", "-"),
                      _fmt(s.get("wall_s"), ".1f"), _fmt(ttt, ".1f"), _fmt(speedup, ".2f") + ("x" if speedup else ""),
+                     _fmt(stt, "d"), _fmt(stat_eff, ".2f"),
                      _fmt(s.get("final_test_accuracy"), ".4f"), _fmt(s.get("samples_per_s"), ".0f"),
+                     _fmt(s.get("samples_per_s_steady"), ".0f"),
                      s.get("weights_in_sync"), _overruns(s)])
     return headers, rows
 

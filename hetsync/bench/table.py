@@ -3,8 +3,9 @@ from tabulate import tabulate
 
 __all__ = ["markdown_table", "micro_table", "HEADERS"]
 
-HEADERS = ["ranks", "data/scenario", "protocol", "time to target s", "speed-up vs BSP", "final acc", "acc - BSP",
-           "step ms / BSP's", "samples/s", "E", "E analytic", "E (BSP expected)", "overrun steps", "reached"]
+HEADERS = ["ranks", "data/scenario", "protocol", "time to target s", "speed-up vs BSP", "samples to target",
+           "statistical efficiency", "heterogeneity tax", "final acc", "acc - BSP", "step ms / BSP's", "samples/s",
+           "host ms", "E", "E analytic", "E (BSP expected)", "overrun steps", "reached"]
 
 
 def _cell(stat, spec, suffix=""):
@@ -22,6 +23,9 @@ def markdown_table(results, emulated=None):
 
     Every figure is the median over seeds with the min-max spread in brackets; ratios are against
     BSP from the same seed and scenario; "reached" counts runs that reached the target accuracy.
+    Samples to target, statistical efficiency (BSP's samples to target over the row's), the
+    heterogeneity tax (time to target over BSP's on the homogeneous twin, where it ran) and host ms
+    (median milliseconds per step outside the device time) are defined in :mod:`hetsync.bench.progress`.
 
     Args:
         results: dict from :func:`hetsync.bench.matrix.run_matrix`.
@@ -45,9 +49,11 @@ def markdown_table(results, emulated=None):
             _cell(_percent(a.get("overrun_fraction")), ".1f", "%") + (" !" if a.get("overrun_invalid") else ""))
         bsp_e = a.get("bsp_expected_efficiency_analytic") if a.get("emulated") else None
         rows.append([ranks, cell, a.get("label", a["protocol"]), _cell(a["time_to_target_s"], ".2f"),
-                     _cell(a["speedup_time_to_target"], ".2f", "x"), _cell(a["final_test_accuracy"], ".3f"),
+                     _cell(a["speedup_time_to_target"], ".2f", "x"), _cell(a.get("samples_to_target"), ".0f"),
+                     _cell(a.get("statistical_efficiency"), ".2f"), _cell(a.get("heterogeneity_tax"), ".2f"),
+                     _cell(a["final_test_accuracy"], ".3f"),
                      _cell(a["accuracy_delta"], "+.3f"), _cell(a.get("step_ms_ratio"), ".2f", "x"),
-                     _cell(a["samples_per_s"], ".0f"),
+                     _cell(a["samples_per_s"], ".0f"), _cell(a.get("host_ms_median"), ".1f"),
                      _cell(a["efficiency"], ".2f") + ("*" if a.get("not_concurrent") else "")
                      + (" !" if a.get("e_flagged") else ""),
                      _cell(a.get("efficiency_analytic"), ".2f"),

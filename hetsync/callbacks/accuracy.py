@@ -31,7 +31,10 @@ class TestAccuracy(keras.callbacks.Callback):
             once (the curve is then available during training, at the cost described above).
 
     Attributes (after training, meaningful on rank 0):
-        curve: list of dicts ``{"step", "epoch", "wall_s", "accuracy"}``.
+        curve: list of dicts ``{"step", "epoch", "wall_s", "unix_s", "accuracy"}``: ``wall_s`` seconds of
+            training (this callback's own time excluded), ``unix_s`` the moment of the evaluation point
+            (``time.time()``, the clock of :class:`hetsync.callbacks.SyncMetrics`' step records, so the
+            samples all ranks had processed by then can be counted from them).
         time_to_target_s: float seconds, or None if the target was never reached.
         final_accuracy: float, accuracy of the model as ``fit`` leaves it (evaluated at
             ``on_train_end``, after callbacks placed before this one, such as the protocol's
@@ -78,7 +81,7 @@ class TestAccuracy(keras.callbacks.Callback):
         if not self._is_root:
             return
         t = time.time()
-        point = {"step": self._steps, "epoch": self._epoch, "wall_s": t - self._t0 - self._eval_s}
+        point = {"step": self._steps, "epoch": self._epoch, "wall_s": t - self._t0 - self._eval_s, "unix_s": t}
         if self.defer:
             self._pending.append((point, self.model.get_weights()))
         else:

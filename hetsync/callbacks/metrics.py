@@ -29,9 +29,17 @@ class SyncMetrics(keras.callbacks.Callback):
     """Per-step records on every rank as JSON lines, TensorBoard scalars and ``summary.json`` on rank 0.
 
     Each rank writes ``log_dir/rank{r}.jsonl``, one object per step: ``step`` (int), ``epoch``,
-    ``wall_s`` (seconds since training began), ``step_ms`` (wall time of the step, milliseconds),
-    ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms`` (time inside
-    synchronization), and every protocol statistic (:meth:`hetsync.protocols.Protocol.step_stats`).
+    ``wall_s`` (seconds since training began), ``unix_s`` (the step's end, seconds since the epoch of
+    ``time.time()``: one clock for all ranks of a host), ``step_ms`` (wall time of the step,
+    milliseconds), ``samples`` (int, the samples this rank has processed since training began, this
+    step included), ``host_ms`` (milliseconds per step outside the device time: ``step_ms`` less the
+    compute and the injected or emulated delay, so synchronization waits, the optimizer's update and
+    Keras' own per-step work), ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms``
+    (time inside synchronization), and every protocol statistic
+    (:meth:`hetsync.protocols.Protocol.step_stats`). ``samples`` adds, per step, the protocol's
+    :meth:`~hetsync.core.dataplans.DataPlans.step_samples` (capped by the epoch's known sample count, so
+    a last, partial batch is not over-counted) and is set to the exact total at each epoch end; a
+    protocol that knows no batch size (data not from its data plan) leaves it out.
     On an emulated device (``device:MS``) each rank also counts its emulated steps and its
     *overrun* steps (real compute longer than the emulated time); the summary holds them per rank
     (``emulated_steps``, ``overrun_steps``) and in total (``overrun_fraction``, ``emulation_valid``:
@@ -109,7 +117,7 @@ class SyncMetrics(keras.callbacks.Callback):
             else:
                 self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard"))
         self._t0 = time.time()
-        self._step, self._epoch, self._epoch_steps = 0, 0, 0
+        self._step, self._epoch, self._epoch_steps, self._epoch_samples = 0, 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
         if self._resume is not None:
             state = self._resume[0]
@@ -122,8 +130,11 @@ class SyncMetrics(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._epoch_steps = 0
+        self._epoch_samples = 0
         if self._resume is not None and self._resume[1] == epoch:
             self._epoch_steps = self._resume[2]  # batches below it are skipped by the resumed fit
+            b = self.protocol.batch_size
+            self._epoch_samples = self._epoch_steps * int(b) if b else 0  # processed before the checkpoint
 
     def on_epoch_end(self, epoch, logs=None):
         self._totals["samples"] += self.protocol.samples_per_epoch or 0
@@ -148,8 +159,14 @@ class SyncMetrics(keras.callbacks.Callback):
             rec["faults"], self._faults_seen = faults[self._faults_seen:], len(faults)
         # With steps_per_execution k > 1 Keras calls this once per k steps, with the last step's index.
         done = max(1, int(batch) + 1 - self._epoch_steps)
-        self._epoch_steps = int(batch) + 1
         rec["steps_in_call"] = done
+        rec["unix_s"] = now
+        samples = self._count_samples(int(batch) + 1 - done, done)
+        self._epoch_steps = int(batch) + 1
+        if samples is not None:
+            rec["samples"] = samples
+        if "compute_ms" in rec:  # the stats hold the call's last step; the call ran `done` steps
+            rec["host_ms"] = max(0.0, rec["step_ms"] / done - rec["compute_ms"] - rec.get("delay_ms", 0.0))
         self._file.write(json.dumps(rec) + "\n")
         self._step += done
         t = self._totals
@@ -165,6 +182,20 @@ class SyncMetrics(keras.callbacks.Callback):
                 for k in ("loss", "step_ms", "delay_ms", "sync_wait_ms"):
                     if k in rec:
                         tf.summary.scalar(k, rec[k])
+
+    def _count_samples(self, first, count):
+        """This rank's cumulative samples after batches ``first .. first + count - 1`` of the epoch
+        (int), or None when the protocol knows no batch size."""
+        p = self.protocol
+        if not p.batch_size:
+            return None
+        for batch in range(first, first + count):
+            n = p.step_samples(batch)
+            self._epoch_samples += int(n) if n is not None else int(p.batch_size)
+        known = p.samples_per_epoch if p.pool is None else None  # the pool knows its epoch's count at its end
+        if known:
+            self._epoch_samples = min(self._epoch_samples, int(known))
+        return int(self._totals["samples"]) + self._epoch_samples
 
     def on_train_end(self, logs=None):
         self._resume = None
