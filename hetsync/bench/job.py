@@ -193,6 +193,7 @@ def main(argv=None, extra_callbacks=()):
         epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, target_accuracy=args.target_accuracy,
         fit_wall_s=wall, time_to_target_s=accuracy.time_to_target_s, final_test_accuracy=accuracy.final_accuracy,
+        time_to_target_resolution_s=accuracy.time_to_target_resolution_s,
         accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"], **accuracy.extra,
         weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6),
     )
