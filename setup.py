@@ -150,5 +150,6 @@ setup(
     cmdclass={"build_ext": BuildTFOps},
     install_requires=["numpy", "scikit-learn", "tqdm", "tabulate"],
     extras_require={"bench": ["matplotlib"]},
-    entry_points={"console_scripts": ["hetsync-bench = hetsync.bench.__main__:main"]},
+    entry_points={"console_scripts": ["hetsync-bench = hetsync.bench.__main__:main",
+                                     "hetsync-cluster = hetsync.emulation.cluster.__main__:main"]},
 )

@@ -13,7 +13,7 @@ during a run.
 
 __all__ = [
     "HetsyncError", "NONFINITE_MARK", "NonFiniteError", "OpLibraryError", "TransportError", "TransportTimeout",
-    "DataError", "PoolError", "RNAError", "RNAHError", "HopError", "PSError", "SoloError",
+    "DataError", "PoolError", "RNAError", "RNAHError", "HopError", "PSError", "SoloError", "ClusterError",
 ]
 
 #: the text every non-finite stop's message starts with (in the compiled step it is inside
@@ -89,3 +89,9 @@ class PSError(HetsyncError, RuntimeError):
 
 class SoloError(HetsyncError, RuntimeError):
     """A benchmark's solo-speed measurement failed (the message carries the command and its output)."""
+
+
+class ClusterError(HetsyncError, RuntimeError):
+    """The emulated multi-host cluster could not be brought up or torn down: a missing capability
+    (CAP_NET_ADMIN, CAP_SYS_ADMIN), a command of ``ip``/``tc`` that failed, or a latency method this
+    kernel lacks (the message names the command and its output)."""

@@ -1,0 +1,118 @@
+"""What an emulated cluster is: hosts, slots, link rates, dilation; checked before anything is created.
+
+Rates use ``tc``'s units (``100mbit``, ``1gbit``, ``10gbit``, ``500kbit``; bits per second) and are the
+rates of the cluster being *emulated*; the links are shaped to rate / D, where D is the time dilation
+(:attr:`ClusterSpec.dilation`): device time and link rate scale together, so a machine too small to
+keep up in real time emulates the same cluster slower.
+"""
+import dataclasses
+import re
+
+__all__ = ["ClusterSpec", "parse_rate", "format_rate", "MAX_HOSTS", "ADDRESS_PREFIX", "host_name", "host_address"]
+
+#: most hosts one cluster may have (one network namespace, one link and one sshd each).
+MAX_HOSTS = 64
+#: the benchmarking range (RFC 2544) the hosts' addresses come from: host i is ``198.18.0.<i+1>``.
+ADDRESS_PREFIX = "198.18.0."
+_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
+
+
+def parse_rate(text):
+    """A rate in ``tc``'s units as bits per second.
+
+    Args:
+        text: str such as ``"1gbit"``, ``"100mbit"``, ``"2.5gbit"``.
+
+    Returns:
+        float bits per second (> 0).
+
+    Raises:
+        ValueError: ``text`` does not parse or is not positive; the message names it and the units.
+    """
+    m = _RATE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"link rate {text!r} does not parse: give a positive number and one of "
+                           f"{', '.join(_UNITS)} (tc's units, bits per second), e.g. 1gbit or 100mbit")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def format_rate(bits_per_s):
+    """``bits_per_s`` (float > 0) in ``tc``'s units, as ``tc`` accepts it (``"250mbit"``, ``"1.5gbit"``)."""
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits_per_s >= _UNITS[unit]:
+            return f"{bits_per_s / _UNITS[unit]:.6g}{unit}"
+    return f"{bits_per_s:.6g}bit"
+
+
+def host_name(i):
+    """The name of host ``i`` (int >= 0) inside the cluster: ``h<i>``."""
+    return f"h{i}"
+
+
+def host_address(i):
+    """The emulated address of host ``i`` (int >= 0): ``198.18.0.<i+1>``."""
+    return f"{ADDRESS_PREFIX}{i + 1}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """An emulated cluster of ``hosts`` hosts with ``slots`` ranks each, joined by one switch.
+
+    Attributes:
+        hosts: int N in [1, :data:`MAX_HOSTS`].
+        slots: int S >= 1, ranks per host (the ``{hosts}`` list gives each host S slots).
+        link: str, every host's link rate (``tc`` units), emulated.
+        host_links: tuple of ``(host name, rate str)`` pairs overriding ``link`` for those hosts
+            (a mixed network: one host on a slower link).
+        latency_ms: float >= 0 one-way added latency per link (0: none).
+        dilation: float D >= 1: links are shaped to rate / D (device time is dilated by the same D).
+
+    Raises:
+        ValueError: at construction, any bad value (named, with what is allowed).
+    """
+
+    hosts: int
+    slots: int = 1
+    link: str = "1gbit"
+    host_links: tuple = ()
+    latency_ms: float = 0.0
+    dilation: float = 1.0
+
+    def __post_init__(self):
+        if isinstance(self.hosts, bool) or not isinstance(self.hosts, int) or not 1 <= self.hosts <= MAX_HOSTS:
+            raise ValueError(f"hosts must be an int in [1, {MAX_HOSTS}], got {self.hosts!r}")
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"slots must be an int >= 1 (ranks per host), got {self.slots!r}")
+        parse_rate(self.link)
+        names = {host_name(i) for i in range(self.hosts)}
+        for pair in self.host_links:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ValueError(f"host_links entries are (host, rate) pairs, got {pair!r}")
+            if pair[0] not in names:
+                raise ValueError(f"host link {pair[0]}={pair[1]}: no host {pair[0]!r} in a cluster of "
+                                   f"{self.hosts} hosts (h0..h{self.hosts - 1})")
+            parse_rate(pair[1])
+        if isinstance(self.latency_ms, bool) or not isinstance(self.latency_ms, (int, float)) \
+                or not 0 <= self.latency_ms < float("inf"):
+            raise ValueError(f"latency_ms must be a finite number >= 0, got {self.latency_ms!r}")
+        if isinstance(self.dilation, bool) or not isinstance(self.dilation, (int, float)) \
+                or not 1 <= self.dilation < float("inf"):
+            raise ValueError(f"dilation must be a finite number >= 1, got {self.dilation!r}")
+
+    @property
+    def np(self):
+        """Ranks in all: hosts x slots (int)."""
+        return self.hosts * self.slots
+
+    def rate(self, i):
+        """Emulated link rate of host ``i`` in bits per second (float)."""
+        return parse_rate(dict(self.host_links).get(host_name(i), self.link))
+
+    def shaped_rate(self, i):
+        """The rate host ``i``'s link is shaped to: emulated rate / D (float bits per second)."""
+        return self.rate(i) / self.dilation
+
+    def hosts_arg(self):
+        """The ``-H`` list of the launchers: ``"h0:S,h1:S,..."``."""
+        return ",".join(f"{host_name(i)}:{self.slots}" for i in range(self.hosts))

@@ -1,0 +1,150 @@
+"""The emulated multi-host cluster (hetsync.emulation.cluster): bad arguments refused before anything is
+created, up/down leave nothing behind, links shaped to the set rate (with dilation), traffic between hosts
+crossing the links (byte counters), hostnames and names per host, teardown on timeout and on SIGTERM, and
+a clear error without the capabilities. Skipped, with the reason, where namespaces cannot be made."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hetsync.emulation.cluster import Cluster, ClusterSpec, check_capabilities, list_clusters, parse_rate
+from hetsync.emulation.cluster.__main__ import main as cluster_main
+from hetsync.emulation.cluster.__main__ import substitute
+from hetsync.errors import ClusterError
+
+try:
+    check_capabilities()
+    _NO_CLUSTER = None
+except ClusterError as exc:
+    _NO_CLUSTER = str(exc)
+
+needs_cluster = pytest.mark.skipif(_NO_CLUSTER is not None, reason=f"no emulated cluster here: {_NO_CLUSTER}")
+CLI = [sys.executable, "-m", "hetsync.emulation.cluster"]
+
+
+def _namespaces():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def no_leftovers():
+    """Every cluster a test makes is gone after it (removed here on failure, and the test fails)."""
+    before = set(list_clusters())
+    yield
+    left = set(list_clusters()) - before
+    for cid in left:
+        Cluster.teardown_id(cid)
+    assert not left, f"clusters left behind: {sorted(left)}"
+
+
+def test_rates_and_specs_are_checked_before_anything_is_created():
+    assert parse_rate("1gbit") == 1e9 and parse_rate("2.5Mbit") == 2.5e6 and parse_rate("500kbit") == 5e5
+    for bad in ("1gbps", "0mbit", "-1gbit", "fast", ""):
+        with pytest.raises(ValueError, match="does not parse"):
+            parse_rate(bad)
+    with pytest.raises(ValueError, match="hosts must be an int in \\[1, 64\\], got 0"):
+        ClusterSpec(hosts=0)
+    with pytest.raises(ValueError, match="slots must be an int >= 1"):
+        ClusterSpec(hosts=2, slots=0)
+    with pytest.raises(ValueError, match="no host 'h5' in a cluster of 2 hosts"):
+        ClusterSpec(hosts=2, host_links=(("h5", "1gbit"),))
+    with pytest.raises(ValueError, match="dilation must be a finite number >= 1, got 0.5"):
+        ClusterSpec(hosts=2, dilation=0.5)
+    spec = ClusterSpec(hosts=3, slots=2, link="1gbit", host_links=(("h2", "250mbit"),), dilation=4)
+    assert spec.np == 6 and spec.hosts_arg() == "h0:2,h1:2,h2:2"
+    assert [spec.shaped_rate(i) for i in range(3)] == [2.5e8, 2.5e8, 6.25e7]
+    assert substitute(["horovodrun", "-np", "{np}", "-H", "{hosts}", "x"], spec) == [
+        "horovodrun", "-np", "6", "-H", "h0:2,h1:2,h2:2", "x"]
+    with pytest.raises(ValueError, match="must place the ranks with -H \\{hosts\\}"):
+        substitute(["mpirun", "-np", "6", "python", "x.py"], spec)
+
+
+@needs_cluster
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--hosts", "0", "--", "true"], "hosts must be an int in [1, 64], got 0"),
+    (["run", "--hosts", "2", "--link", "1gbps", "--", "true"], "link rate '1gbps' does not parse"),
+    (["run", "--hosts", "2", "--", "mpirun", "-np", "4", "true"], "must place the ranks with -H {hosts}"),
+])
+def test_the_command_line_refuses_bad_arguments_and_creates_nothing(argv, message, capsys, no_leftovers):
+    before = _namespaces()
+    assert cluster_main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert _namespaces() == before
+
+
+@needs_cluster
+def test_links_are_shaped_to_rate_over_dilation_and_traffic_crosses_them(no_leftovers):
+    spec = ClusterSpec(hosts=3, slots=1, link="400mbit", host_links=(("h2", "100mbit"),), dilation=4)
+    nbytes = 3 * 2**20
+    with Cluster(spec) as c:
+        before = c.counters()
+        fast = c.measure_throughput(1, 0, nbytes=nbytes)  # 400 / 4 = 100 Mbit/s
+        slow = c.measure_throughput(2, 0, nbytes=nbytes // 4)  # 100 / 4 = 25 Mbit/s
+        after = c.counters()
+    assert 0.9 * 100e6 <= fast <= 1.1 * 100e6, fast
+    assert 0.9 * 25e6 <= slow <= 1.1 * 25e6, slow
+    delta = {a["host"]: {k: a[k] - b[k] for k in ("to_host_bytes", "from_host_bytes")} for a, b in zip(after, before)}
+    assert delta["h1"]["from_host_bytes"] >= nbytes and delta["h2"]["from_host_bytes"] >= nbytes // 4
+    assert delta["h0"]["to_host_bytes"] >= nbytes + nbytes // 4
+    assert "hetsync-" + c.cid not in _namespaces()
+    assert not [n for n in os.listdir("/etc/netns") if c.cid in n] if os.path.isdir("/etc/netns") else True
+
+
+@needs_cluster
+def test_run_gives_each_host_its_name_substitutes_and_returns_the_status(no_leftovers):
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "3", "--link", "1gbit", "--", "sh", "-c",
+                                 "hostname; echo {np} {hosts}; getent hosts h1; exit 7"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 7, proc.stderr
+    lines = proc.stdout.splitlines()
+    up = json.loads(lines[0])
+    assert up["event"] == "up" and [h["address"] for h in up["hosts"]] == ["198.18.0.1", "198.18.0.2"]
+    assert up["hosts"][0]["shaped_rate_bps"] == 1e9
+    assert lines[1:4] == ["h0", "6 h0:3,h1:3", "198.18.0.2      h1"]
+    down = json.loads(lines[-1])
+    assert down["event"] == "down" and down["exit"] == 7 and len(down["links"]) == 2
+    assert up["cluster"] not in _namespaces()
+
+
+@needs_cluster
+def test_teardown_on_timeout_and_on_sigterm(no_leftovers):
+    t = time.time()
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--timeout", "2", "--", "sleep", "60"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 124 and "ran past --timeout 2 s" in proc.stderr and time.time() - t < 30
+    p = subprocess.Popen(CLI + ["run", "--hosts", "2", "--", "sleep", "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        cid = json.loads(p.stdout.readline())["cluster"]
+        assert cid in list_clusters()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert cid not in list_clusters()
+    assert not subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).stdout.strip()
+
+
+@needs_cluster
+def test_down_removes_what_a_crashed_run_left_and_latency_is_refused_clearly(no_leftovers):
+    up = subprocess.run(CLI + ["up", "--hosts", "2"], capture_output=True, text=True, timeout=60)
+    cid = json.loads(up.stdout)["cluster"]
+    assert cid in list_clusters() and json.loads(subprocess.run(CLI + ["status"], capture_output=True,
+                                                                text=True).stdout)["clusters"].count(cid) == 1
+    down = subprocess.run(CLI + ["down"], capture_output=True, text=True, timeout=60)
+    assert cid in json.loads(down.stdout)["removed"] and cid not in list_clusters()
+    refused = subprocess.run(CLI + ["run", "--hosts", "2", "--latency-ms", "5", "--", "true"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "latency_ms=5" in refused.stderr and "run without added latency" in refused.stderr
+
+
+@needs_cluster
+def test_without_cap_net_admin_the_error_names_it():
+    proc = subprocess.run(["setpriv", "--bounding-set", "-net_admin"] + CLI + ["up", "--hosts", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "lacks the capabilities CAP_NET_ADMIN" in proc.stderr
