@@ -41,12 +41,25 @@ command -v mpicc >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
 command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+# the emulated multi-host cluster (hetsync-cluster): an sshd per emulated host; ip and tc (iproute2)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+  # no service is started by the install (openssh-server would start an sshd on this machine's port 22;
+  # the cluster starts its own, one per emulated host, on the hosts' addresses only)
+  policy_rc=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy_rc" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy_rc" >/dev/null && $SUDO chmod +x "$policy_rc" && own_policy=1
+  fi
+  install_rc=0
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" || install_rc=$?
+  if [ "$own_policy" -eq 1 ]; then $SUDO rm -f "$policy_rc"; fi
+  [ "$install_rc" -eq 0 ] || exit "$install_rc"
 fi
 
 # 2. Virtual environment ------------------------------------------------------------

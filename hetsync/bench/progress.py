@@ -35,22 +35,22 @@ def rank_progress(records):
 
     Args:
         records: list of dicts, one rank's step records, each with ``unix_s`` (float seconds, the
-            step's end on ``time.time()``'s clock) and ``samples`` (int, the rank's cumulative samples
-            through that step).
+            step's end on ``time.time()``'s clock) and ``samples_processed`` (int, the rank's cumulative
+            samples through that step).
 
     Returns:
         list of ``(float, int)`` pairs.
 
     Raises:
-        ValueError: a record lacks ``unix_s`` or ``samples`` (written before these fields existed, or
+        ValueError: a record lacks ``unix_s`` or ``samples_processed`` (written before these fields existed, or
             by a protocol that knows no batch size); the message names the step.
     """
     out = []
     for rec in records:
-        if "unix_s" not in rec or "samples" not in rec:
-            raise ValueError(f"step record {rec.get('step')!r} has no 'unix_s'/'samples' field: these records "
+        if "unix_s" not in rec or "samples_processed" not in rec:
+            raise ValueError(f"step record {rec.get('step')!r} has no 'unix_s'/'samples_processed' field: these records "
                              "do not say how many samples were processed when")
-        out.append((float(rec["unix_s"]), int(rec["samples"])))
+        out.append((float(rec["unix_s"]), int(rec["samples_processed"])))
     return out
 
 
@@ -115,13 +115,13 @@ def steady_samples_per_s(records_by_rank):
 
     Args:
         records_by_rank: list of step-record lists (one per worker rank), each with ``epoch``,
-            ``unix_s`` and ``samples``.
+            ``unix_s`` and ``samples_processed``.
 
     Returns:
         float samples/s, or None when some rank ran a single epoch (no steady part).
 
     Raises:
-        ValueError: records without ``unix_s``/``samples`` (see :func:`rank_progress`).
+        ValueError: records without ``unix_s``/``samples_processed`` (see :func:`rank_progress`).
     """
     total = 0.0
     for recs in records_by_rank:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import socket
 import time
 
 import keras
@@ -31,12 +32,12 @@ class SyncMetrics(keras.callbacks.Callback):
     Each rank writes ``log_dir/rank{r}.jsonl``, one object per step: ``step`` (int), ``epoch``,
     ``wall_s`` (seconds since training began), ``unix_s`` (the step's end, seconds since the epoch of
     ``time.time()``: one clock for all ranks of a host), ``step_ms`` (wall time of the step,
-    milliseconds), ``samples`` (int, the samples this rank has processed since training began, this
-    step included), ``host_ms`` (milliseconds per step outside the device time: ``step_ms`` less the
+    milliseconds), ``samples_processed`` (int, the samples this rank has processed since training
+    began, this step included), ``host_ms`` (milliseconds per step outside the device time: ``step_ms`` less the
     compute and the injected or emulated delay, so synchronization waits, the optimizer's update and
     Keras' own per-step work), ``loss``, ``delay_ms`` (injected delay), ``compute_ms``, ``sync_wait_ms``
     (time inside synchronization), and every protocol statistic
-    (:meth:`hetsync.protocols.Protocol.step_stats`). ``samples`` adds, per step, the protocol's
+    (:meth:`hetsync.protocols.Protocol.step_stats`). ``samples_processed`` adds, per step, the protocol's
     :meth:`~hetsync.core.dataplans.DataPlans.step_samples` (capped by the epoch's known sample count, so
     a last, partial batch is not over-counted) and is set to the exact total at each epoch end; a
     protocol that knows no batch size (data not from its data plan) leaves it out.
@@ -49,7 +50,8 @@ class SyncMetrics(keras.callbacks.Callback):
     the data did not come from it). Faults fired in the process (:func:`hetsync.emulation.scenario.fired_faults`)
     appear as ``faults`` in the record of the step they hit, in the rank's ``per_rank`` row and, from every
     rank, in the summary's ``faults``. A parameter-server rank writes no step records (its row in
-    ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+    ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). Each ``per_rank`` row
+    names the rank's ``host`` (its hostname). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
         log_dir: str path of the output folder (created).
@@ -164,7 +166,7 @@ class SyncMetrics(keras.callbacks.Callback):
         samples = self._count_samples(int(batch) + 1 - done, done)
         self._epoch_steps = int(batch) + 1
         if samples is not None:
-            rec["samples"] = samples
+            rec["samples_processed"] = samples
         if "compute_ms" in rec:  # the stats hold the call's last step; the call ran `done` steps
             rec["host_ms"] = max(0.0, rec["step_ms"] / done - rec["compute_ms"] - rec.get("delay_ms", 0.0))
         self._file.write(json.dumps(rec) + "\n")
@@ -207,6 +209,7 @@ class SyncMetrics(keras.callbacks.Callback):
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
         row = {k: float(t[k]) for k in self.TOTALS}
         row["role"] = "server" if self._serves else "worker"
+        row["host"] = socket.gethostname()
         row["faults"] = emulation_faults.fired_faults()
         gathered = transport.allgather_object(row, name="hetsync_metrics_totals")
         self.per_rank = [dict(row, rank=r) for r, row in enumerate(gathered)]

@@ -14,6 +14,7 @@ import pytest
 from hetsync.emulation.cluster import Cluster, ClusterSpec, check_capabilities, list_clusters, parse_rate
 from hetsync.emulation.cluster.__main__ import main as cluster_main
 from hetsync.emulation.cluster.__main__ import substitute
+from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
 
 try:
@@ -148,3 +149,32 @@ def test_without_cap_net_admin_the_error_names_it():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "lacks the capabilities CAP_NET_ADMIN" in proc.stderr
+
+
+needs_sshd = pytest.mark.skipif(_NO_CLUSTER is not None or sshd_path() is None,
+                                reason="no emulated cluster or no sshd here (make deps installs openssh-server)")
+
+
+@needs_sshd
+def test_ssh_between_hosts_needs_no_flags_and_accepts_only_the_clusters_key(no_leftovers, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    with Cluster(ClusterSpec(hosts=2, slots=2), ssh=True) as c:
+        state = c.sshd.state
+        assert c.describe()["ssh"] is True and os.path.isfile(c.sshd.key)
+
+        def in_h0(*argv):
+            return subprocess.run(c.exec_argv(0, list(argv)), capture_output=True, text=True, timeout=60)
+        ok = in_h0("ssh", "h1", "hostname; getent hosts h0")
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.split() == ["h1", "198.18.0.1", "h0"]
+        # only the cluster's key is accepted
+        denied = in_h0("ssh", "-F", "/dev/null", "-i", str(other), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                       "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "h1", "true")
+        assert denied.returncode == 255 and "Permission denied" in denied.stderr
+        # sshd listens on the host's emulated address only
+        probe = "import socket; socket.create_connection(('127.0.0.1', 22), timeout=2)"
+        assert subprocess.run(c.exec_argv(1, [sys.executable, "-c", probe]), capture_output=True,
+                              timeout=60).returncode != 0
+    assert not os.path.exists(state)
+    assert not any(c.cid in n for n in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []))

@@ -19,7 +19,7 @@ def _records(start_unix, step_s, steps, b, epoch_steps, last_batch=None, compute
     for i in range(steps):
         epoch, k = divmod(i, epoch_steps)
         done += (last_batch or b) if k == epoch_steps - 1 else b
-        out.append({"step": i, "epoch": epoch, "unix_s": start_unix + (i + 1) * step_s, "samples": done,
+        out.append({"step": i, "epoch": epoch, "unix_s": start_unix + (i + 1) * step_s, "samples_processed": done,
                     "step_ms": step_s * 1e3, "compute_ms": compute_ms, "delay_ms": delay_ms,
                     "host_ms": step_s * 1e3 - compute_ms - delay_ms})
     return out
@@ -131,7 +131,7 @@ def test_step_records_count_samples_exactly_and_time_outside_the_device(tmp_path
     expected = [32 * (i + 1) for i in range(12)]
     if steps_per_execution == 2:  # one record per call of 2 steps
         expected = expected[1::2]
-    assert [r["samples"] for r in recs] == expected
+    assert [r["samples_processed"] for r in recs] == expected
     assert metrics.per_rank[0]["samples"] == 384
     assert all(b["unix_s"] > a["unix_s"] for a, b in zip(recs, recs[1:]))
     assert all(0.0 <= r["host_ms"] <= r["step_ms"] / r["steps_in_call"] for r in recs)

@@ -23,6 +23,7 @@ import sys
 
 from hetsync.emulation.cluster.net import Cluster, down_all, list_clusters
 from hetsync.emulation.cluster.spec import ClusterSpec
+from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
 
 __all__ = ["main", "parse_args", "spec_from_args", "substitute", "LAUNCHERS"]
@@ -94,7 +95,16 @@ def substitute(command, spec):
 def _run(args):
     spec = spec_from_args(args)
     command = substitute(args.command, spec)
-    cluster = Cluster(spec)
+    launcher = os.path.basename(command[0]) in LAUNCHERS
+    if launcher and spec.hosts > 1 and sshd_path() is None:
+        raise ClusterError(f"{os.path.basename(command[0])} reaches the other hosts by ssh, and openssh-server "
+                           "is not installed: run `make deps` (or apt-get install openssh-server)")
+    env = dict(os.environ)
+    if spec.np > (os.cpu_count() or 1):
+        # every emulated host believes it has the machine's cores: without this OpenMPI would busy-poll
+        # S ranks per host on cores that N x S ranks share
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    cluster = Cluster(spec, ssh=True if launcher and spec.hosts > 1 else "auto")
 
     def stop(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -103,7 +113,7 @@ def _run(args):
     try:
         with cluster:
             print(json.dumps({"event": "up", **cluster.describe(), "command": command}), flush=True)
-            proc = subprocess.Popen(cluster.exec_argv(0, command), start_new_session=True)
+            proc = subprocess.Popen(cluster.exec_argv(0, command), start_new_session=True, env=env)
             try:
                 rc = proc.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:

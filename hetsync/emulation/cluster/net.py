@@ -26,6 +26,7 @@ import shutil
 import subprocess
 
 from hetsync.emulation.cluster.spec import ClusterSpec, format_rate, host_address, host_name
+from hetsync.emulation.cluster.ssh import STATE_ROOT, SshHosts, sshd_path
 from hetsync.errors import ClusterError
 
 __all__ = ["Cluster", "check_capabilities", "down_all", "list_clusters", "netem_available", "NS_PREFIX",
@@ -101,6 +102,9 @@ def down_all():
     ids = list_clusters()
     for cid in ids:
         Cluster.teardown_id(cid)
+    if os.path.isdir(STATE_ROOT):  # key folders of clusters whose namespaces are already gone
+        for cid in os.listdir(STATE_ROOT):
+            SshHosts.remove(cid)
     return ids
 
 
@@ -113,17 +117,23 @@ class Cluster:
     Args:
         spec: :class:`hetsync.emulation.cluster.spec.ClusterSpec`.
         cid: str cluster id (hex), or None for a fresh random one.
+        ssh: True (start an sshd in every host, :mod:`hetsync.emulation.cluster.ssh`; an error if
+            openssh-server is missing), False (none), or "auto" (default: when sshd is installed).
 
     Raises:
         ClusterError: at :meth:`up`, a missing capability or a failed ``ip``/``tc`` command (the cluster
             is torn down before it is raised); ``latency_ms`` > 0 on a kernel without ``netem``.
     """
 
-    def __init__(self, spec, cid=None):
+    def __init__(self, spec, cid=None, ssh="auto"):
         if not isinstance(spec, ClusterSpec):
             raise TypeError(f"Cluster takes a ClusterSpec, got {type(spec).__name__}")
+        if ssh not in (True, False, "auto"):
+            raise ValueError(f"ssh must be True, False or 'auto', got {ssh!r}")
         self.spec = spec
         self.cid = cid or secrets.token_hex(3)
+        self.ssh = ssh
+        self.sshd = None  # the running SshHosts
         self.is_up = False
 
     # -- names --------------------------------------------------------------------------------------
@@ -150,6 +160,8 @@ class Cluster:
             raise ClusterError(f"latency_ms={self.spec.latency_ms:g}: {why}; run without added latency")
         try:
             self._create()
+            if self.ssh is True or (self.ssh == "auto" and sshd_path() is not None):
+                self.sshd = SshHosts(self).start()
         except BaseException:
             self.down()
             raise
@@ -186,6 +198,9 @@ class Cluster:
     def down(self):
         """Delete this cluster's namespaces (their links go with them) and ``/etc/netns`` entries.
         Idempotent; never raises for what is already gone."""
+        if self.sshd is not None:
+            self.sshd.stop()
+            self.sshd = None
         self.teardown_id(self.cid)
         self.is_up = False
 
@@ -206,6 +221,7 @@ class Cluster:
             for name in os.listdir(_NETNS_DIR):
                 if name.startswith(prefix):
                     shutil.rmtree(os.path.join(_NETNS_DIR, name), ignore_errors=True)
+        SshHosts.remove(cid)
 
     def __enter__(self):
         return self.up()
@@ -289,6 +305,7 @@ class Cluster:
         """What was set up (a JSON-able dict): id, hosts with names, namespaces, addresses and rates
         (emulated and shaped, bits per second), dilation, slots, np and the ``-H`` list."""
         return {"cluster": self.cid, "dilation": self.spec.dilation, "slots": self.spec.slots, "np": self.spec.np,
+                "ssh": self.sshd is not None,
                 "hosts_arg": self.spec.hosts_arg(), "switch_namespace": self.switch_ns,
                 "hosts": [{"name": host_name(i), "namespace": self.host_ns(i), "address": host_address(i),
                            "rate_bps": self.spec.rate(i), "shaped_rate_bps": self.spec.shaped_rate(i)}

@@ -1,0 +1,74 @@
+"""Real launches across the emulated multi-host cluster (hetsync-cluster): mpirun places ranks on the hosts
+by ``-H {hosts}`` with no ssh flags, and the allreduce's traffic crosses the shaped links."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import JOBS_DIR, PY, _env
+from hetsync.emulation.cluster import check_capabilities, list_clusters
+from hetsync.emulation.cluster.ssh import sshd_path
+from hetsync.errors import ClusterError
+
+try:
+    check_capabilities()
+    _WHY_NOT = None if sshd_path() else "openssh-server is not installed (make deps installs it)"
+except ClusterError as exc:
+    _WHY_NOT = str(exc)
+
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=f"no emulated cluster here: {_WHY_NOT}")
+CLI = [sys.executable, "-m", "hetsync.emulation.cluster"]
+#: bytes of one gradient of the job's digits mlp (9,610 float32 weights)
+GRAD_BYTES = 9_610 * 4
+
+
+def test_mpirun_places_ranks_on_the_hosts_and_the_allreduce_crosses_the_links(tmp_path):
+    out, nbytes = tmp_path / "probe.json", 16 * 2**20
+    before = set(list_clusters())
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "2", "--link", "1gbit", "--timeout", "240", "--",
+                                 "mpirun", "--allow-run-as-root", "-np", "{np}", "-H", "{hosts}", "--bind-to", "none",
+                                 "-x", "PYTHONPATH", PY, os.path.join(JOBS_DIR, "cluster_probe.py"), str(out),
+                                 str(nbytes)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    probe = json.loads(out.read_text())
+    assert probe["hosts"] == ["h0", "h0", "h1", "h1"] and probe["sum_ok"]
+    down = json.loads(proc.stdout.strip().splitlines()[-1])
+    links = {link["host"]: link for link in down["links"]}
+    # each host must send the other at least the half it reduces and the half it gathers: nbytes in all
+    for h in ("h0", "h1"):
+        assert links[h]["from_host_bytes"] >= nbytes and links[h]["to_host_bytes"] >= nbytes, links
+    assert set(list_clusters()) == before
+
+
+def _job_across_hosts(tmp_path, launcher):
+    out = tmp_path / "job"
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "2", "--link", "1gbit", "--timeout", "300", "--"]
+                          + launcher + ["-np", "{np}", "-H", "{hosts}", PY, "-m", "hetsync.bench.job", "--protocol",
+                                        "bsp", "--dataset", "digits", "--epochs", "2", "--quiet", "--out", str(out)],
+                          env=_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    down = json.loads(proc.stdout.strip().splitlines()[-1])
+    return summary, {link["host"]: link for link in down["links"]}
+
+
+def test_horovodrun_trains_bsp_across_two_hosts_with_no_ssh_flags(tmp_path):
+    """The user's form: hetsync-cluster run ... -- horovodrun -np {np} -H {hosts} python -m hetsync.bench.job."""
+    summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun")])
+    assert [r["host"] for r in summary["per_rank"]] == ["h0", "h0", "h1", "h1"]
+    assert summary["weights_in_sync"] and summary["steps"] == 2 * 11  # 359 samples per rank: 11 steps of 32
+    # each step's allreduce between 2 hosts moves at least one gradient (the mlp's 9,610 float32 weights,
+    # 38,440 bytes) over each link in each direction
+    assert all(link["from_host_bytes"] > summary["steps"] * GRAD_BYTES and link["to_host_bytes"] > summary["steps"]
+               * GRAD_BYTES for link in links.values()), links
+
+
+@pytest.mark.slow
+def test_horovodrun_gloo_trains_bsp_across_two_hosts(tmp_path):
+    summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun"), "--gloo"])
+    assert [r["host"] for r in summary["per_rank"]] == ["h0", "h0", "h1", "h1"]
+    assert summary["weights_in_sync"]
+    assert all(link["from_host_bytes"] > summary["steps"] * GRAD_BYTES for link in links.values()), links
