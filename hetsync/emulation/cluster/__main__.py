@@ -129,6 +129,8 @@ def _run(args):
             print(json.dumps({"event": "down", "cluster": cluster.cid, "exit": rc, "links": cluster.counters()}),
                   flush=True)
         return rc
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside COMMAND's wait (starting it, reading counters):
+        return 130  # the with-block has torn the cluster down
     finally:
         signal.signal(signal.SIGTERM, old)
 
