@@ -30,6 +30,8 @@ __all__ = ["main", "parse_args", "spec_from_args", "substitute", "LAUNCHERS"]
 
 #: launchers that start ranks on the ``-H`` hosts: with more than one host their command must name ``{hosts}``.
 LAUNCHERS = ("horovodrun", "mpirun", "mpiexec", "orterun", "prterun")
+#: seconds a killed command's process group has to be reaped.
+REAP_S = 30.0
 
 
 def parse_args(argv=None):
@@ -125,7 +127,7 @@ def _run(args):
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    proc.wait(timeout=REAP_S)
             print(json.dumps({"event": "down", "cluster": cluster.cid, "exit": rc, "links": cluster.counters()}),
                   flush=True)
         return rc

@@ -299,7 +299,7 @@ class Cluster:
         finally:
             if rx.poll() is None:
                 rx.kill()
-                rx.wait()
+                rx.wait(timeout=COMMAND_TIMEOUT_S)
 
     def describe(self):
         """What was set up (a JSON-able dict): id, hosts with names, namespaces, addresses and rates

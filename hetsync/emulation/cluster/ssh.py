@@ -9,6 +9,7 @@ configurations.
 
 Needs Debian's ``openssh-server`` (``/usr/sbin/sshd``; ``make deps`` installs it) and ``ssh-keygen``.
 """
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from hetsync.emulation.cluster.spec import host_address, host_name
 from hetsync.errors import ClusterError
 
 __all__ = ["SshHosts", "sshd_path", "STATE_ROOT", "START_TIMEOUT_S"]
+
+log = logging.getLogger("hetsync")
 
 #: the parent of every cluster's key folder.
 STATE_ROOT = "/run/hetsync-cluster"
@@ -114,7 +117,11 @@ class SshHosts:
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
-            p.wait()
+            try:
+                p.wait(timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # killed, yet alive: stuck in the kernel; its namespace is deleted next
+                log.warning("hetsync-cluster: an sshd (pid %d) did not exit within %.0f s of SIGKILL", p.pid,
+                            START_TIMEOUT_S)
         self.procs = []
         self.remove(self.cluster.cid)
 
