@@ -5,6 +5,8 @@
 * :mod:`hetsync.emulation.components`: the parts of a scenario;
 * :mod:`hetsync.emulation.faults`: pause, stall and kill faults, and the record of fired ones;
 * :mod:`hetsync.emulation.callback`: :class:`Slowdown`, the Keras callback that plays a scenario.
+* :mod:`hetsync.emulation.cluster`: the emulated multi-host cluster (network namespaces as hosts,
+  shaped links, an sshd per host; ``hetsync-cluster``), not imported here.
 
 No protocol imports this package: the emulation talks to the compiled step only through the step
 controls (:mod:`hetsync.core.controls`). Importing it loads no TensorFlow (the callback module
