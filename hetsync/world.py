@@ -21,12 +21,14 @@ log = logging.getLogger("hetsync")
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
-    "register_shutdown",
+    "register_shutdown", "dilation", "dilated", "DILATION_ENV",
 ]
 
 
 #: Seconds after which a stalled horovod collective aborts the job (horovod's stall shutdown).
 COLLECTIVE_TIMEOUT_S = 300
+#: The environment variable holding the run's time dilation D (``hetsync-cluster run --dilation D`` sets it).
+DILATION_ENV = "HETSYNC_DILATION"
 
 _lock = threading.Lock()
 _state = {"mode": None}
@@ -41,20 +43,53 @@ def _detect_mode():
     return "single"
 
 
+def dilation():
+    """The run's time dilation D (float >= 1): the environment variable ``HETSYNC_DILATION``, 1.0 when unset.
+
+    Under dilation the emulated cluster runs D times slower than the cluster it stands for: emulated
+    device times, added latencies and fault times are D times longer (:class:`hetsync.callbacks.Slowdown`),
+    links are shaped to rate / D (``hetsync-cluster run --dilation D`` sets both), and every timeout of a
+    wait is D times longer (:func:`dilated`), so a machine too small to keep up in real time still
+    emulates the same cluster. Host-side Python is not dilated.
+
+    Raises:
+        ValueError: the variable holds something other than a finite number >= 1 (names the value).
+    """
+    text = os.environ.get(DILATION_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        d = float(text)
+    except ValueError:
+        d = float("nan")
+    if not 1.0 <= d < float("inf"):
+        raise ValueError(f"{DILATION_ENV}={text!r}: the time dilation must be a finite number >= 1")
+    return d
+
+
+def dilated(seconds):
+    """``seconds`` (float >= 0) of the emulated cluster as wall seconds of this run: ``seconds`` x :func:`dilation`.
+
+    Raises:
+        ValueError: see :func:`dilation`.
+    """
+    return seconds * dilation()
+
+
 def init(collective_timeout_s=None):
     """Initialise horovod (and mpi4py under an MPI launch). Idempotent.
 
     Args:
         collective_timeout_s: seconds (int > 0) after which a collective that some ranks never
             join makes horovod shut the job down with a stall error instead of hanging.
-            Default :data:`COLLECTIVE_TIMEOUT_S`; the environment variable
-            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` wins if set.
+            Default :data:`COLLECTIVE_TIMEOUT_S`, multiplied by the time dilation (:func:`dilation`);
+            the environment variable ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` wins if set.
 
     Returns:
         str: the launch mode, ``"mpi"``, ``"gloo"`` or ``"single"``.
 
     Raises:
-        ValueError: ``collective_timeout_s`` is not a positive number.
+        ValueError: ``collective_timeout_s`` is not a positive number; a bad ``HETSYNC_DILATION``.
         RuntimeError: horovod was built without MPI support while launched under MPI.
     """
     with _lock:
@@ -63,7 +98,7 @@ def init(collective_timeout_s=None):
         timeout = COLLECTIVE_TIMEOUT_S if collective_timeout_s is None else collective_timeout_s
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"collective_timeout_s must be a positive number of seconds, got {timeout!r}")
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(timeout)))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(dilated(timeout))))
         # the check period follows the shutdown time in effect: horovod never shuts down when the
         # check period is the longer one (an environment's shutdown time below 2 x our timeout did that)
         shutdown_s = int(float(os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))

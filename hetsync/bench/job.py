@@ -195,7 +195,7 @@ def main(argv=None, extra_callbacks=()):
         fit_wall_s=wall, time_to_target_s=accuracy.time_to_target_s, final_test_accuracy=accuracy.final_accuracy,
         time_to_target_resolution_s=accuracy.time_to_target_resolution_s,
         accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"], **accuracy.extra,
-        weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6),
+        weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6), dilation=slowdown.dilation,
     )
     if rank == 0:
         try:  # every rank's step records are in args.out (one host, or hosts that share the folder)

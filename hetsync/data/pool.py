@@ -46,6 +46,7 @@ import time
 import warnings
 
 import numpy as np
+from hetsync import world
 from hetsync.errors import PoolError
 from hetsync.transport import channels
 
@@ -194,8 +195,9 @@ class PoolState:
 
     def wait_confirmed(self, timeout_s):
         """Wait up to ``timeout_s`` seconds until every rank confirmed every epoch started; return
-        True if they all did (False: the report counts the missing ones as unconfirmed)."""
-        deadline = time.monotonic() + timeout_s
+        True if they all did (False: the report counts the missing ones as unconfirmed). ``timeout_s`` is
+        multiplied by the run's dilation D (:func:`hetsync.world.dilated`)."""
+        deadline = time.monotonic() + world.dilated(timeout_s)
         with self._lock:
             while True:
                 if all(len(e["confirmed"]) == len(self.ranks) for e in self._epochs.values()):

@@ -42,6 +42,10 @@ class Slowdown(keras.callbacks.Callback):
     parameter-server rank serves inside its train begin, so there ``pause`` and ``kill`` are armed on
     a timer thread instead (``stall`` of a server rank is refused at train begin: ValueError).
 
+    Under a time dilation D (:func:`hetsync.world.dilation`, set by ``hetsync-cluster run --dilation D``)
+    every emulated time is D times longer: the device time, ``extra_ms``, ``netdelay`` and the faults'
+    AT_S and FOR_S; the real compute of a step without ``device`` is not dilated.
+
     Put it *first* in the callback list so the stamped start time excludes other callbacks.
     Under a parameter-server protocol the draws are made over the n workers (``random:K``: probability
     1/n); the spec is still checked against the whole launch.
@@ -57,7 +61,7 @@ class Slowdown(keras.callbacks.Callback):
     Raises:
         ValueError: bad spec, a spec that does not fit the world size, or ``rank`` outside
             [0, world_size) (checked at construction, before training starts); a ``stall`` of a
-            parameter-server rank (at that rank's train begin).
+            parameter-server rank (at that rank's train begin); a bad ``HETSYNC_DILATION``.
     """
 
     def __init__(self, spec, seed=0, rank=None, world_size=None):
@@ -73,6 +77,8 @@ class Slowdown(keras.callbacks.Callback):
         self.rank = world.rank() if rank is None else rank
         self.world_size = world.size() if world_size is None else world_size
         self._own_world = world_size is None
+        #: D, the time dilation of this run (float >= 1).
+        self.dilation = world.dilation()
         self.scenario.validate(self.world_size)
         self._rng = self.scenario.rng(seed, self.rank)
         self._step = controls.step_control()
@@ -90,7 +96,7 @@ class Slowdown(keras.callbacks.Callback):
             # parameter-server ranks do not step: draw as one of the n workers (random:K is 1/n per step)
             self.world_size = protocol_roles.num_workers
         self._first = True
-        self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms])
+        self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms * self.dilation])
         self._t0 = time.time()
         self._faults = [f for f in self.scenario.faults(self.rank) if not f.fired()]
         self._timers = []
@@ -100,7 +106,7 @@ class Slowdown(keras.callbacks.Callback):
                 raise ValueError(f"Slowdown: {stalls} stall rank {self.rank}, a parameter server, whose training thread "
                                  "is its server loop; use pause:RANK:AT_S:FOR_S to stop a server")
             for f in self._faults:  # a server rank serves inside train begin: no batch begins to check at
-                timer = threading.Timer(f.at_s, f.fire, args=(f.at_s,))
+                timer = threading.Timer(f.at_s * self.dilation, f.fire, args=(f.at_s * self.dilation,))
                 timer.daemon = True
                 timer.start()
                 self._timers.append(timer)
@@ -126,7 +132,7 @@ class Slowdown(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._faults:
             elapsed = time.time() - self._t0
-            for f in [f for f in self._faults if elapsed >= f.at_s]:
+            for f in [f for f in self._faults if elapsed >= f.at_s * self.dilation]:
                 self._faults.remove(f)
                 f.fire(elapsed)
         factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
@@ -137,7 +143,7 @@ class Slowdown(keras.callbacks.Callback):
             # still consumed so the per-rank sequence of later steps does not depend on this.
             self._first = False
             factor, extra_ms, device_ms = 1.0, 0.0, 0.0
-        self._step.assign([time.time(), factor, extra_ms, device_ms])
+        self._step.assign([time.time(), factor, extra_ms * self.dilation, device_ms * self.dilation])
 
     def on_train_end(self, logs=None):
         for timer in getattr(self, "_timers", []):

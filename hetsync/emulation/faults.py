@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from hetsync import world
 from hetsync.emulation.components import Component
 
 __all__ = ["Fault", "FAULT_ARITY", "fired_faults"]
@@ -117,6 +118,8 @@ class Fault(Component):
         Args:
             elapsed_s: float seconds since the train begin, recorded as ``fired_at_s``.
 
+        A pause or stall lasts ``for_s`` x D wall seconds under a time dilation D (:func:`hetsync.world.dilation`).
+
         Returns:
             dict, the record (see :func:`fired_faults`), or None if it had fired already. ``kill`` does
             not return.
@@ -137,21 +140,21 @@ class Fault(Component):
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60.0)  # not reached: SIGKILL cannot be caught
-        t = time.monotonic()
+        t, for_s = time.monotonic(), world.dilated(self.for_s)
         if self.kind == "pause":
-            log.warning("%sSIGSTOP for %g s", msg, self.for_s)
+            log.warning("%sSIGSTOP for %g s", msg, for_s)
             for h in logging.getLogger().handlers + log.handlers:
                 h.flush()
             sys.stderr.flush()
             sys.stdout.flush()
-            subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), repr(self.for_s)],
+            subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), repr(for_s)],
                              start_new_session=True, stdin=subprocess.DEVNULL, close_fds=True)
             # SIGSTOP stops the whole process; sent to this very thread (not the process, whose signal the kernel
             # may hand to another thread) it also stops the caller before it returns, so resumed_at_s is right
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         else:
-            log.warning("%sthe training thread sleeps %g s", msg, self.for_s)
-            time.sleep(self.for_s)
+            log.warning("%sthe training thread sleeps %g s", msg, for_s)
+            time.sleep(for_s)
         with _fired_lock:
             record["resumed_at_s"] = float(elapsed_s) + time.monotonic() - t
             return dict(record)

@@ -68,6 +68,7 @@ def _duplicate_world(timeout_s):
     if _state.get("pending") is None:  # a call that timed out left its duplication pending: wait for that one
         _state["pending"] = comm_world.Idup()
     comm, request = _state["pending"]
+    timeout_s = world.dilated(timeout_s)  # wall seconds of this run
     deadline = time.monotonic() + timeout_s
     while not request.Test():
         if time.monotonic() > deadline:

@@ -10,9 +10,10 @@ communicator while the main thread trains with horovod's collectives):
 * one receive thread that takes every incoming message (matched probe, then receive) into its channel's
   queue, polling every :data:`POLL_S` seconds (OpenMPI's blocking receives spin a core);
 * :meth:`Dispatcher.send` (a non-blocking ``isend``, tracked; optionally waited for) and :meth:`Dispatcher.recv`
-  (waits for a message by channel, source and/or tag), with timeouts whose :class:`TransportTimeout` names the
-  rank, peer and channel; :meth:`Dispatcher.recv_or_fail` (a reply, unless the peer reports its failure first)
-  and :meth:`Dispatcher.gather_at` (an allgather by messages through one rank) build on them;
+  (waits for a message by channel, source and/or tag), with timeouts (times the run's dilation D,
+  :func:`hetsync.world.dilation`) whose :class:`TransportTimeout` names the rank, peer and channel;
+  :meth:`Dispatcher.recv_or_fail` (a reply, unless the peer reports its failure first) and
+  :meth:`Dispatcher.gather_at` (an allgather by messages through one rank) build on them;
 * :meth:`Dispatcher.drain` ends a channel's traffic exactly: every rank sends an end marker to every peer, waits
   for every peer's marker and discards, counting them, the messages it never read (MPI's non-overtaking rule);
 * :meth:`Dispatcher.shutdown` waits for outstanding sends (counting those that do not complete), joins the
@@ -27,6 +28,7 @@ import numbers
 import threading
 import time
 
+from hetsync import world
 from hetsync.errors import TransportError, TransportTimeout
 from hetsync.transport.endpoint import CREATE_TIMEOUT_S, dispatcher, shutdown
 
@@ -105,9 +107,7 @@ class Dispatcher:
         self._routes = {}
         self._sends = []
         self._counts = collections.defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
-        self._error = None
-        self._closed = False
-        self._report = None
+        self._error, self._closed, self._report = None, False, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._receive_loop, name=f"hetsync-p2p-{self.rank}", daemon=True)
         self._thread.start()
@@ -141,8 +141,8 @@ class Dispatcher:
             with self._cv:  # the route is looked up under the lock, so route() never misses a message
                 handler = None if isinstance(obj, _End) else self._routes.get(channel)
                 if handler is not None:
-                    self._counts[channel]["received"] += 1
-                    self._counts[channel]["read"] += 1
+                    self._counts[channel].update(received=self._counts[channel]["received"] + 1,
+                                                 read=self._counts[channel]["read"] + 1)
             if handler is not None:
                 handler(Message(source, channel, tag, obj))  # an exception fails the thread, seen by every waiter
                 got += 1
@@ -158,8 +158,6 @@ class Dispatcher:
         if not self._sends:  # unlocked peek: a send appended meanwhile is reaped next time
             return
         with self._cv:
-            if not self._sends:
-                return
             before = len(self._sends)
             self._sends = [s for s in self._sends if not s.request.Test()]
             if len(self._sends) != before:
@@ -183,9 +181,10 @@ class Dispatcher:
             raise ValueError(f"channel must be a non-empty str, got {channel!r}")
 
     @staticmethod
-    def _check_timeout(timeout_s):
+    def _check_timeout(timeout_s):  # returns it as wall seconds of this run (times the dilation D)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
             raise ValueError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+        return world.dilated(timeout_s)
 
     # -- routing ------------------------------------------------------------------------------------
     def route(self, channel, handler):
@@ -245,7 +244,7 @@ class Dispatcher:
         dest = self._check_peer(dest, "send: dest")
         self._check_channel(channel)
         if timeout_s is not None:
-            self._check_timeout(timeout_s)
+            timeout_s = self._check_timeout(timeout_s)
         with self._cv:
             self._check_usable()
         request = self._comm.isend((channel, tag, obj), dest=dest, tag=MPI_TAG)
@@ -284,9 +283,8 @@ class Dispatcher:
             TransportTimeout: sends still outstanding after ``timeout_s``; the message names their
                 peers and channels, ``pending`` lists them.
         """
-        self._check_timeout(timeout_s)
         what = "any channel" if channel is None else f"channel {channel!r}"
-        self._wait_sends(lambda s: channel is None or s.channel == channel, timeout_s, what)
+        self._wait_sends(lambda s: channel is None or s.channel == channel, self._check_timeout(timeout_s), what)
 
     def tell(self, dests, channel, obj, timeout_s=5.0):
         """Best-effort send of ``obj`` to every rank of ``dests`` on ``channel``, for use while another
@@ -359,7 +357,9 @@ class Dispatcher:
         self._check_channel(channel)
         if source is not None:
             source = self._check_peer(source, "recv: source")
-        self._check_timeout(timeout_s)
+        return self._recv(channel, source, tag, self._check_timeout(timeout_s))
+
+    def _recv(self, channel, source, tag, timeout_s):
         deadline = time.monotonic() + timeout_s
         with self._cv:
             while True:
@@ -401,7 +401,7 @@ class Dispatcher:
             Exception: whatever ``check`` raises.
             TransportError: the dispatcher failed or was shut down while waiting.
         """
-        self._check_timeout(timeout_s)
+        timeout_s = self._check_timeout(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
             message = self.poll(channel, source=source, tag=tag)
@@ -421,7 +421,7 @@ class Dispatcher:
                 raise error(text, pending=[(source, channel, tag)]) if issubclass(error, TransportTimeout) \
                     else error(text)
             try:
-                return self.recv(channel, source=source, tag=tag, timeout_s=min(WAIT_SLICE_S, remaining)).obj
+                return self._recv(channel, source, tag, min(WAIT_SLICE_S, remaining)).obj
             except TransportTimeout:
                 continue
 
@@ -502,7 +502,7 @@ class Dispatcher:
             TransportError: the dispatcher failed or was shut down.
         """
         self._check_channel(channel)
-        self._check_timeout(timeout_s)
+        timeout_s = self._check_timeout(timeout_s)
         peers = list(range(self.size)) if peers is None else sorted({self._check_peer(p, "drain: peer") for p in peers})
         for p in peers:
             self.send(p, channel, _END)

@@ -1,5 +1,7 @@
 """The emulated device (scenario ``device:MS``): parser, the delay op's padding, step times, overruns."""
+import os
 import time
+
 import pytest
 import tensorflow as tf
 from hetsync import ops
@@ -84,3 +86,56 @@ def test_delay_op_never_shortens_an_overrun_step():
     assert float(delay_ms) == 0.0
     with pytest.raises(tf.errors.InvalidArgumentError, match="device_ms must be a finite number >= 0"):
         ops.delay([tf.ones([1])], [0.0, 1.0, 0.0, -1.0])
+
+
+def test_time_dilation_scales_every_emulated_time_and_every_timeout(monkeypatch):
+    """Under HETSYNC_DILATION=D the stamped device time, extra milliseconds, netdelay and fault times are D
+    times longer, the point-to-point timeouts too; a bad value is refused naming it."""
+    from hetsync import world
+    from hetsync.callbacks import Slowdown
+    from hetsync.transport.p2p import Dispatcher
+
+    assert world.dilation() == 1.0 or "HETSYNC_DILATION" in os.environ
+    for bad in ("0.5", "abc", "inf", "nan", "-2"):
+        monkeypatch.setenv("HETSYNC_DILATION", bad)
+        with pytest.raises(ValueError, match=f"HETSYNC_DILATION='{bad}': the time dilation must be a finite"):
+            world.dilation()
+        with pytest.raises(ValueError, match="HETSYNC_DILATION"):
+            Slowdown("device:40", seed=0, rank=0, world_size=1)
+    stamped = {}
+    for d in ("1", "3"):
+        monkeypatch.setenv("HETSYNC_DILATION", d)
+        assert world.dilated(2.0) == 2.0 * float(d) and Dispatcher._check_timeout(5) == 5.0 * float(d)
+        cb = Slowdown("device:40+uniform:10:10+netdelay:7+pause:0:2:1", seed=0, rank=0, world_size=1)
+        cb._step, cb._sync = _Var(), _Var()
+        cb.set_model(_FakeModel())
+        cb.on_train_begin()
+        stamped[d + "sync"] = cb._sync.value[2]
+        fired = []
+        cb._faults = [_FakeFault(f, fired) for f in cb._faults]
+        cb._t0 = time.time() - 2.5  # 2.5 s after train begin: pause:0:2 is due at D=1, not yet at D=3
+        cb.on_train_batch_begin(0)  # the first step of a fit: not padded
+        cb.on_train_batch_begin(1)
+        stamped[d] = list(cb._step.value)
+        stamped[d + "fired"] = bool(fired)
+    assert stamped["1"][1:] == [1.0, 10.0, 40.0] and stamped["3"][1:] == [1.0, 30.0, 120.0]
+    assert stamped["1sync"] == 7.0 and stamped["3sync"] == 21.0
+    assert stamped["1fired"] and not stamped["3fired"]
+
+
+class _Var:
+    def assign(self, value):
+        self.value = value
+
+
+class _FakeModel:
+    steps_per_execution = 1
+    optimizer = None
+
+
+class _FakeFault:
+    def __init__(self, fault, fired):
+        self.at_s, self.spec, self.fired_list = fault.at_s, fault.spec, fired
+
+    def fire(self, elapsed):
+        self.fired_list.append(elapsed)

@@ -237,7 +237,7 @@ class HopProtocol(Protocol):
         """Create the queues and route the channels into them."""
         self._vars = self._variables()
         self._p2p = transport.dispatcher()
-        timeout_ms = self.cfg.timeout_s * 1e3
+        timeout_ms = world.dilated(self.cfg.timeout_s) * 1e3  # wall time of this run (times the dilation D)
         self._timeout_ms = timeout_ms
         self._queue = ops.hop_update_queue_create([tf.float32] * len(self._vars), [tuple(v.shape) for v in self._vars],
                                                   num_slots=self.num_slots())

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from hetsync import transport
+from hetsync import transport, world
 from hetsync.errors import PSError
 from hetsync.transport import channels
 
@@ -118,7 +118,8 @@ class ParameterServer:
         self.w = np.array(w0, dtype=np.float32, copy=True)
         self.workers = [int(r) for r in workers]
         self._slot = {r: j for j, r in enumerate(self.workers)}
-        self.staleness, self.timeout_s = staleness, float(timeout_s)
+        # wall seconds of this run: the emulated cluster's timeout times the dilation D
+        self.staleness, self.timeout_s = staleness, world.dilated(float(timeout_s))
         n = len(self.workers)
         #: C: one counter per worker (Algorithm 1 line 11), int64 [n].
         self.counters = np.zeros(n, np.int64)

@@ -23,6 +23,7 @@ import logging
 import time
 
 import numpy as np
+from hetsync import world
 from hetsync.transport import channels
 
 __all__ = ["Controller", "RoundLoop", "CONTROL", "TO_CONTROLLER", "CONTROLLER_RANK"]
@@ -138,16 +139,17 @@ class Controller:
         if self.final_sent:
             return
         idle = time.monotonic() - self.last_progress
-        if self.done and idle > self.cfg.finish_timeout_s:
+        finish_s, timeout_s = world.dilated(self.cfg.finish_timeout_s), world.dilated(self.cfg.timeout_s)  # wall
+        if self.done and idle > finish_s:
             missing = self.active()
-            reason = (f"ranks {missing} did not finish within finish_timeout_s={self.cfg.finish_timeout_s:g} s "
+            reason = (f"ranks {missing} did not finish within finish_timeout_s={finish_s:g} s (wall) "
                       f"of the last round while ranks {sorted(self.done)} had finished; final round announced "
                       f"without them (their later gradients are counted as unsynchronized)")
             log.warning("hetsync RNA controller: %s", reason)
             self.announce_final(reason)
-        elif not self.done and time.monotonic() - self.probe_t0 > self.cfg.timeout_s:
+        elif not self.done and time.monotonic() - self.probe_t0 > timeout_s:
             error = (f"controller: no probed rank {self.probed} had a gradient ready for round {self.round} "
-                     f"within timeout_s={self.cfg.timeout_s:g} s")
+                     f"within timeout_s={timeout_s:g} s (wall)")
             self.announce_final("timeout", error=error)
 
 
@@ -177,7 +179,7 @@ class RoundLoop:
     def __init__(self, p2p, rank, controller, participant, timeout_s, poll_ms, controller_rank=CONTROLLER_RANK):
         self.p2p, self.rank, self.ctl, self.part = p2p, rank, controller, participant
         self.controller_rank = int(controller_rank)
-        self.timeout_s, self.poll_ms = float(timeout_s), float(poll_ms)
+        self.timeout_s, self.poll_ms = world.dilated(float(timeout_s)), float(poll_ms)  # wall seconds
         self.probes_answered = self.probes_expired = 0
         self.final_reason = None
         self.error = None

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from hetsync import transport
+from hetsync import transport, world
 from hetsync.protocols.rna.control import Controller
 from hetsync.errors import RNAHError
 from hetsync.transport import channels
@@ -324,7 +324,7 @@ class GroupServer:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         self.p2p, self.index = p2p, int(index)
         self.workers = [int(r) for r in workers]
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = world.dilated(float(timeout_s))  # wall seconds of this run (times the dilation D)
         self.epoch = int(epoch)
         self.x0 = np.array(x0, np.float32, copy=True)
         self.groups = [list(g) for g in groups] if groups else [list(self.workers)]

@@ -214,7 +214,7 @@ class RNAProtocol(Protocol):
         if self._thread is None:
             return
         self.done_steps = int(self._iteration.numpy()) - self._steps_at_start
-        budget = self.cfg.finish_timeout_s + self.cfg.timeout_s + 10.0
+        budget = world.dilated(self.cfg.finish_timeout_s + self.cfg.timeout_s) + 10.0
         self._thread.join(budget)
         thread, self._thread = self._thread, None
         if thread.is_alive() and self._error is None:
