@@ -12,14 +12,16 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["ROOT", "JOB", "mnist_dir", "job_env", "horovodrun", "mpirun", "job_argv", "protocol_args", "dataset_args",
-           "run"]
+__all__ = ["ROOT", "JOB", "mnist_dir", "job_env", "horovodrun", "mpirun", "on_cluster", "job_argv", "protocol_args",
+           "dataset_args", "run", "CLUSTER_RECORD"]
 
 #: the folder that holds the ``hetsync`` package (a checkout's root, or site-packages when installed):
 #: put first on a launched job's ``PYTHONPATH`` so that it imports this very hetsync.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: the training job benchmarks launch, as interpreter arguments: ``python -m hetsync.bench.job``.
 JOB = ("-m", "hetsync.bench.job")
+#: the file, in a run's output folder, where a launch on the emulated cluster keeps the cluster's record.
+CLUSTER_RECORD = "cluster.json"
 
 
 def mnist_dir():
@@ -101,6 +103,34 @@ def mpirun(np_, argv):
     _check_np(np_)
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "btl_tcp_if_include",
             "lo", sys.executable] + list(argv)
+
+
+def on_cluster(spec, argv, record=None, timeout_s=3600.0):
+    """``hetsync-cluster run ... -- horovodrun --mpi -np {np} -H {hosts} PYTHON ARGV...`` (list of str): the job
+    on the emulated multi-host cluster :mod:`hetsync.emulation.cluster`, ranks placed ``spec.slots`` per host.
+
+    Args:
+        spec: :class:`hetsync.emulation.cluster.ClusterSpec` (hosts, slots, rates, dilation D; checked).
+        argv: list of str, the interpreter's arguments (:data:`JOB`) and the job's.
+        record: str path or None: where the cluster writes its record (D, rates, bytes per link;
+            :meth:`hetsync.emulation.cluster.Cluster.record`), usually ``OUT/`` :data:`CLUSTER_RECORD`.
+        timeout_s: float seconds > 0 the job may run inside the cluster (``--timeout``).
+
+    Raises:
+        ValueError: ``spec`` is not a ClusterSpec.
+    """
+    from hetsync.emulation.cluster.spec import ClusterSpec
+
+    if not isinstance(spec, ClusterSpec):
+        raise ValueError(f"on_cluster takes a ClusterSpec, got {spec!r}")
+    cmd = [sys.executable, "-m", "hetsync.emulation.cluster", "run", "--hosts", str(spec.hosts), "--slots",
+           str(spec.slots), "--link", spec.link, "--dilation", f"{spec.dilation:g}", "--timeout", f"{timeout_s:g}"]
+    for host, rate in spec.host_links:
+        cmd += ["--host-link", f"{host}={rate}"]
+    if record:
+        cmd += ["--record", record]
+    return cmd + ["--", os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--mpi", "-np", "{np}",
+                  "-H", "{hosts}", sys.executable] + list(argv)
 
 
 def protocol_args(pairs):

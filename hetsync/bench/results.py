@@ -2,7 +2,9 @@
 
 :func:`analyse_run` reads one run folder (``summary.json``, the step records); :func:`add_ratios` puts
 every run against BSP's run of the same seed and cell (and against BSP on the cell's homogeneous twin,
-the heterogeneity tax); :func:`aggregate` gives the median and spread over seeds. Free of TensorFlow.
+the heterogeneity tax); :func:`aggregate` gives the median and spread over seeds. A run on the emulated
+cluster carries the cluster's record (``cluster.json``: D, rates, bytes and utilisation per link) and its
+dilation D; its analytic solo speeds are the devices' divided by D. Free of TensorFlow.
 """
 import json
 import os
@@ -41,8 +43,10 @@ def analyse_run(run_dir, solo):
     rates = efficiency.run_rates(run_dir)
     records = efficiency.read_jsonl(os.path.join(run_dir, "rank0.jsonl"))
     first = records[0]["wall_s"]
+    dilation = float(s.get("dilation") or 1.0)  # a dilated run's devices are D times slower in wall time
     analytic = efficiency.analytic_solo(s["scenario"], s["world_size"], s["batch_size"]) \
         if s.get("scenario") and s.get("batch_size") else None
+    analytic = [v / dilation for v in analytic] if analytic else analytic
     e_analytic = efficiency.efficiency(rates["samples_per_s"], analytic) if analytic else None
     e_measured = (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
                   if "samples_per_s" in solo else None)
@@ -51,7 +55,13 @@ def analyse_run(run_dir, solo):
     curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
     reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
     figures = progress.run_progress(run_dir)
+    cluster_file = os.path.join(run_dir, "cluster.json")  # launch.CLUSTER_RECORD: a run on the emulated cluster
+    cluster = None
+    if os.path.exists(cluster_file):
+        with open(cluster_file) as f:
+            cluster = json.load(f)
     return {
+        "dilation": dilation, "cluster": cluster,
         "samples_to_target": figures["samples_to_target"],
         "samples_per_s_steady": figures["samples_per_s_steady"],
         "host_ms_median": figures["host_ms_median"],

@@ -42,11 +42,13 @@ def test_mpirun_places_ranks_on_the_hosts_and_the_allreduce_crosses_the_links(tm
     assert json.loads(proc.stdout.splitlines()[0])["cluster"] not in list_clusters()  # torn down
 
 
-def _job_across_hosts(tmp_path, launcher):
+def _job_across_hosts(tmp_path, launcher, protocol="bsp", cluster=(), job=()):
     out = tmp_path / "job"
-    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "2", "--link", "1gbit", "--timeout", "300", "--"]
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "2", "--link", "1gbit", "--timeout", "300"]
+                          + list(cluster) + ["--"]
                           + launcher + ["-np", "{np}", "-H", "{hosts}", PY, "-m", "hetsync.bench.job", "--protocol",
-                                        "bsp", "--dataset", "digits", "--epochs", "2", "--quiet", "--out", str(out)],
+                                        protocol, "--dataset", "digits", "--epochs", "2", "--quiet", "--out", str(out)]
+                          + list(job),
                           env=_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -54,15 +56,38 @@ def _job_across_hosts(tmp_path, launcher):
     return summary, {link["host"]: link for link in down["links"]}
 
 
+def _emulated_ms(out, rank):
+    """Every step's emulated device time of ``rank`` after its first (unpadded) step, as a set."""
+    rows = [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+    return {r["emulated_ms"] for r in rows if r["step"] > 0}
+
+
 def test_horovodrun_trains_bsp_across_two_hosts_with_no_ssh_flags(tmp_path):
-    """The user's form: hetsync-cluster run ... -- horovodrun -np {np} -H {hosts} python -m hetsync.bench.job."""
-    summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun")])
+    """The user's form: hetsync-cluster run ... -- horovodrun -np {np} -H {hosts} python -m hetsync.bench.job;
+    under --dilation 2 every rank, on both hosts, pads its steps to 2 x the device time."""
+    summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun")],
+                                       cluster=["--dilation", "2"], job=["--slowdown", "device:10"])
     assert [r["host"] for r in summary["per_rank"]] == ["h0", "h0", "h1", "h1"]
+    assert summary["dilation"] == 2.0 and all(_emulated_ms(tmp_path / "job", r) == {20.0} for r in range(4))
     assert summary["weights_in_sync"] and summary["steps"] == 2 * 11  # 359 samples per rank: 11 steps of 32
     # each step's allreduce between 2 hosts moves at least one gradient (the mlp's 9,610 float32 weights,
     # 38,440 bytes) over each link in each direction
     assert all(link["from_host_bytes"] > summary["steps"] * GRAD_BYTES and link["to_host_bytes"] > summary["steps"]
                * GRAD_BYTES for link in links.values()), links
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["asp", "ensemble", "fedavg", "hop", "localsgd", "notifyack", "rna", "rnah",
+                                      "selsync", "shat", "shatroot", "ssp", "taskalloc"])
+def test_every_protocol_trains_across_two_hosts(tmp_path, protocol):
+    """Every protocol other than BSP (the quick test) on 2 hosts x 2 ranks: it ends, rank 0's model learned,
+    and the links carried at least one gradient per host."""
+    summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun")], protocol,
+                                       job=["--epochs", "3"])
+    assert {r["host"] for r in summary["per_rank"]} == {"h0", "h1"}
+    assert summary["final_test_accuracy"] > 0.5, summary["final_test_accuracy"]
+    assert all(link["from_host_bytes"] > GRAD_BYTES and link["to_host_bytes"] > GRAD_BYTES
+               for link in links.values()), links
 
 
 @pytest.mark.slow

@@ -101,19 +101,33 @@ def test_links_are_shaped_to_rate_over_dilation_and_traffic_crosses_them(made):
 
 
 @needs_cluster
-def test_run_gives_each_host_its_name_substitutes_and_returns_the_status(made):
-    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "3", "--link", "1gbit", "--", "sh", "-c",
-                                 "hostname; echo {np} {hosts}; getent hosts h1; exit 7"],
+def test_run_gives_each_host_its_name_substitutes_dilates_records_and_returns_the_status(made, tmp_path):
+    """Names, substitution, exit status; HETSYNC_DILATION=D in COMMAND and in sessions over ssh; the record."""
+    over_ssh = "ssh h1 'echo D1=$HETSYNC_DILATION'; " if sshd_path() else ""
+    record = tmp_path / "cluster.json"
+    proc = subprocess.run(CLI + ["run", "--hosts", "2", "--slots", "3", "--link", "1gbit", "--dilation", "2.5",
+                                 "--record", str(record), "--", "sh", "-c",
+                                 "hostname; echo {np} {hosts}; getent hosts h1; echo D0=$HETSYNC_DILATION; "
+                                 + over_ssh + "exit 7"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 7, proc.stderr
     lines = proc.stdout.splitlines()
     up = json.loads(lines[0])
     made.append(up["cluster"])
     assert up["event"] == "up" and [h["address"] for h in up["hosts"]] == ["198.18.0.1", "198.18.0.2"]
-    assert up["hosts"][0]["shaped_rate_bps"] == 1e9
-    assert lines[1:4] == ["h0", "6 h0:3,h1:3", "198.18.0.2      h1"]
+    assert up["hosts"][0]["shaped_rate_bps"] == 4e8 and up["dilation"] == 2.5
+    assert lines[1:5] == ["h0", "6 h0:3,h1:3", "198.18.0.2      h1", "D0=2.5"]
+    if over_ssh:
+        assert lines[5] == "D1=2.5"
     down = json.loads(lines[-1])
     assert down["event"] == "down" and down["exit"] == 7 and len(down["links"]) == 2
+    saved = json.loads(record.read_text())
+    assert saved["dilation"] == 2.5 and saved["exit"] == 7 and saved["emulated_s"] == saved["wall_s"] / 2.5
+    h1 = saved["links"][1]
+    assert h1["host"] == "h1" and h1["rate_bps"] == 1e9 and h1["shaped_rate_bps"] == 4e8
+    if over_ssh:  # the ssh session crossed h1's link both ways
+        assert h1["to_host_bytes"] > 1000 and h1["from_host_bytes"] > 1000
+    assert h1["utilisation_to_host"] == h1["to_host_bytes"] * 8 / (4e8 * saved["wall_s"])
     assert up["cluster"] not in _namespaces()
 
 

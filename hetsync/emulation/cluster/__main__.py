@@ -12,7 +12,10 @@ Commands::
 ``h0:S,h1:S,...`` and ``{np}`` by N x S, prints one JSON line of what it set up (and, after COMMAND,
 the bytes that crossed each link), tears everything down (also on an error, a timeout or Ctrl-C) and
 exits with COMMAND's status (124 on timeout). RATE uses ``tc``'s units (``100mbit``, ``1gbit``); it is
-the emulated cluster's rate, and the links are shaped to RATE / D.
+the emulated cluster's rate, and the links are shaped to RATE / D. COMMAND runs with ``HETSYNC_DILATION=D``
+(and so do ranks started over ssh), so its emulated device times and timeouts are D times longer
+(:func:`hetsync.world.dilation`). ``--record FILE`` writes the cluster's record (:meth:`Cluster.record`:
+D, rates, the bytes and utilisation of each link over COMMAND's run) that the benchmark merges.
 """
 import argparse
 import json
@@ -20,11 +23,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from hetsync.emulation.cluster.net import Cluster, down_all, list_clusters
 from hetsync.emulation.cluster.spec import ClusterSpec
 from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
+from hetsync.world import DILATION_ENV
 
 __all__ = ["main", "parse_args", "spec_from_args", "substitute", "LAUNCHERS"]
 
@@ -50,6 +55,8 @@ def parse_args(argv=None):
         q.add_argument("--dilation", type=float, default=1.0, help="time dilation D >= 1: links shaped to RATE / D")
         if name == "run":
             q.add_argument("--timeout", type=float, default=3600.0, help="seconds COMMAND may run")
+            q.add_argument("--record", default=None, metavar="FILE",
+                           help="write the cluster's record (D, rates, bytes and utilisation per link) to FILE as JSON")
             q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     sub.add_parser("status")
     d = sub.add_parser("down")
@@ -101,7 +108,7 @@ def _run(args):
     if launcher and spec.hosts > 1 and sshd_path() is None:
         raise ClusterError(f"{os.path.basename(command[0])} reaches the other hosts by ssh, and openssh-server "
                            "is not installed: run `make deps` (or apt-get install openssh-server)")
-    env = dict(os.environ)
+    env = dict(os.environ, **{DILATION_ENV: f"{spec.dilation:g}"})
     if spec.np > (os.cpu_count() or 1):
         # every emulated host believes it has the machine's cores: without this OpenMPI would busy-poll
         # S ranks per host on cores that N x S ranks share
@@ -115,6 +122,7 @@ def _run(args):
     try:
         with cluster:
             print(json.dumps({"event": "up", **cluster.describe(), "command": command}), flush=True)
+            before, t0 = cluster.counters(), time.monotonic()
             proc = subprocess.Popen(cluster.exec_argv(0, command), start_new_session=True, env=env)
             try:
                 rc = proc.wait(timeout=args.timeout)
@@ -128,8 +136,11 @@ def _run(args):
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=REAP_S)
-            print(json.dumps({"event": "down", "cluster": cluster.cid, "exit": rc, "links": cluster.counters()}),
-                  flush=True)
+            record = dict(cluster.record(max(time.monotonic() - t0, 1e-9), before), exit=rc, command=command)
+            if args.record:
+                with open(args.record, "w") as f:
+                    json.dump(record, f, indent=1)
+            print(json.dumps({"event": "down", **record}), flush=True)
         return rc
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside COMMAND's wait (starting it, reading counters):
         return 130  # the with-block has torn the cluster down

@@ -251,6 +251,39 @@ class Cluster:
                         "from_host_bytes": int(s["rx"]["bytes"])})
         return out
 
+    def record(self, wall_s, before=None):
+        """The cluster's own record of a run: what it emulated and what crossed each link.
+
+        Args:
+            wall_s: float wall seconds the run took (> 0). before: None or a :meth:`counters` list
+                taken at the run's start (subtracted; None: the counters since :meth:`up`).
+
+        Returns:
+            dict: ``cluster``, ``dilation`` D, ``wall_s``, ``emulated_s`` (wall_s / D), and ``links``, one
+            per host: ``host``, ``rate_bps`` (emulated), ``shaped_rate_bps`` (rate / D), ``to_host_bytes``,
+            ``from_host_bytes`` and ``utilisation_to_host`` / ``utilisation_from_host`` (bytes x 8 over
+            shaped rate x ``wall_s``: the fraction of the link's capacity the run used, in [0, 1] up to
+            the token bucket's burst).
+
+        Raises:
+            ValueError: ``wall_s`` is not positive. ClusterError: the counters could not be read.
+        """
+        if not wall_s > 0:
+            raise ValueError(f"record: wall_s must be a positive number of seconds, got {wall_s!r}")
+        now = self.counters()
+        base = {c["host"]: c for c in before} if before else {}
+        links = []
+        for i, c in enumerate(now):
+            b = base.get(c["host"], {"to_host_bytes": 0, "from_host_bytes": 0})
+            to_b, from_b = c["to_host_bytes"] - b["to_host_bytes"], c["from_host_bytes"] - b["from_host_bytes"]
+            cap = self.spec.shaped_rate(i) * wall_s / 8.0
+            links.append({"host": c["host"], "rate_bps": self.spec.rate(i), "shaped_rate_bps": self.spec.shaped_rate(i),
+                          "to_host_bytes": to_b, "from_host_bytes": from_b,
+                          "utilisation_to_host": to_b / cap, "utilisation_from_host": from_b / cap})
+        return {"cluster": self.cid, "dilation": self.spec.dilation, "hosts": self.spec.hosts,
+                "slots": self.spec.slots, "wall_s": float(wall_s), "emulated_s": float(wall_s) / self.spec.dilation,
+                "links": links}
+
     def measure_throughput(self, src, dst, nbytes=8 * 2**20, port=5201, timeout_s=60.0):
         """Send ``nbytes`` over TCP from host ``src`` to host ``dst`` and return the receiver's rate.
 

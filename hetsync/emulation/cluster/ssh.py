@@ -4,7 +4,9 @@ At :meth:`SshHosts.start` a key pair (the only key accepted) and a host key are 
 cluster's own (``/run/hetsync-cluster/<id>``, mode 700). Every host gets an ``sshd`` that listens only on
 that host's emulated address, port 22, and accepts only that key, and a client configuration
 (``/etc/netns/<namespace>/ssh/ssh_config``, which ``ip netns exec`` binds over ``/etc/ssh``) that uses
-the key and trusts the cluster's hosts. :meth:`SshHosts.stop` stops the daemons and deletes the keys and
+the key and trusts the cluster's hosts. The client sends the cluster's time dilation
+(``HETSYNC_DILATION``, :func:`hetsync.world.dilation`) with every session and the daemons accept it, so
+ranks started over ssh (``mpirun -H``'s daemons) run dilated as the ranks in ``h0`` do. :meth:`SshHosts.stop` stops the daemons and deletes the keys and
 configurations.
 
 Needs Debian's ``openssh-server`` (``/usr/sbin/sshd``; ``make deps`` installs it) and ``ssh-keygen``.
@@ -16,6 +18,7 @@ import subprocess
 import time
 
 from hetsync.emulation.cluster.spec import host_address, host_name
+from hetsync.world import DILATION_ENV
 from hetsync.errors import ClusterError
 
 __all__ = ["SshHosts", "sshd_path", "STATE_ROOT", "START_TIMEOUT_S"]
@@ -83,7 +86,8 @@ class SshHosts:
                         f"PidFile {os.path.join(self.state, f'sshd.{host_name(i)}.pid')}\n"
                         "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
                         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nX11Forwarding no\n"
-                        "MaxStartups 64:30:128\nMaxSessions 64\nLogLevel ERROR\n")
+                        "MaxStartups 64:30:128\nMaxSessions 64\nLogLevel ERROR\n"
+                        f"AcceptEnv {DILATION_ENV}\n")
             client = os.path.join("/etc/netns", self.cluster.host_ns(i), "ssh")
             os.makedirs(client, exist_ok=True)
             with open(os.path.join(client, "ssh_config"), "w") as f:
@@ -91,7 +95,8 @@ class SshHosts:
                         + " ".join(host_address(j) for j in range(n)) + "\n"
                         f"  IdentityFile {self.key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
                         "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  BatchMode yes\n  ConnectTimeout 10\n"
-                        "  ServerAliveInterval 15\n")
+                        "  ServerAliveInterval 15\n"
+                        f"  SetEnv {DILATION_ENV}={self.cluster.spec.dilation:g}\n")
             self.procs.append(subprocess.Popen(self.cluster.exec_argv(i, [sshd, "-D", "-e", "-f", cfg]),
                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         deadline = time.time() + START_TIMEOUT_S
