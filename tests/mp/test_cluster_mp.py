@@ -97,3 +97,45 @@ def test_horovodrun_gloo_trains_bsp_across_two_hosts(tmp_path):
     assert [r["host"] for r in summary["per_rank"]] == ["h0", "h0", "h1", "h1"]
     assert summary["weights_in_sync"]
     assert all(link["from_host_bytes"] > summary["steps"] * GRAD_BYTES for link in links.values()), links
+
+
+@pytest.mark.slow
+def test_a_host_whose_processes_are_killed_ends_the_job_naming_the_host(tmp_path):
+    """Every process of host h1 (its ranks, their launcher daemon, its sshd) is killed mid-run: the job ends
+    with a non-zero status and an error that names the host, within horovod's stall shutdown (300 s) + 30 s.
+    (The error is OpenMPI's, about its lost daemon on h1; it names no rank yet.)"""
+    import signal
+    import time
+
+    out = tmp_path / "job"
+    proc = subprocess.Popen(CLI + ["run", "--hosts", "2", "--slots", "2", "--link", "1gbit", "--timeout", "600", "--",
+                                   os.path.join(os.path.dirname(PY), "horovodrun"), "-np", "{np}", "-H", "{hosts}", PY,
+                                   "-m", "hetsync.bench.job", "--protocol", "bsp", "--dataset", "digits", "--epochs",
+                                   "200", "--quiet", "--out", str(out)],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        cid = json.loads(proc.stdout.readline())["cluster"]
+        deadline = time.time() + 300
+        while not (out / "rank2.jsonl").exists() or (out / "rank2.jsonl").stat().st_size == 0:
+            assert time.time() < deadline and proc.poll() is None, "the job never started training on h1"
+            time.sleep(1)
+        pids = subprocess.run(["ip", "netns", "pids", f"hetsync-{cid}-h1"], capture_output=True,
+                              text=True).stdout.split()
+        assert pids
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        t_kill = time.time()
+        rest, _ = proc.communicate(timeout=300 + 30 + 60)
+        took = time.time() - t_kill
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode != 0, rest[-3000:]
+    assert took <= 330, took
+    assert "Connection to h1 closed" in rest or "Peer host:  h1" in rest, rest[-3000:]
+    assert cid not in list_clusters()
