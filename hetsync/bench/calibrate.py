@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 from hetsync.bench import launch
-from hetsync.emulation.cluster.spec import ClusterSpec
+from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links
 
 __all__ = ["calibrate", "trial", "choose", "main", "MAX_OVERRUN", "DEFAULT_CANDIDATES"]
 
@@ -156,12 +156,10 @@ def main(argv=None):
         cands = [float(c) for c in a.candidates.split(",") if c.strip()]
     except ValueError:
         p.error(f"--candidates must be comma-separated numbers >= 1, got {a.candidates!r}")
-    links = []
-    for item in a.host_link:
-        host, sep, rate = item.partition("=")
-        if not sep:
-            p.error(f"--host-link {item!r}: give HOST=RATE")
-        links.append((host, rate))
+    try:
+        links = parse_host_links(a.host_link)
+    except ValueError as exc:
+        p.error(str(exc))
     job = ["--protocol", a.protocol, "--slowdown", a.slowdown, "--model", a.model, "--epochs", str(a.epochs),
            "--batch-size", str(a.batch_size)] + launch.dataset_args(digits=a.digits)
     try:

@@ -10,7 +10,7 @@ import json
 import os
 import statistics
 
-from hetsync.bench import efficiency, progress
+from hetsync.bench import efficiency, launch, progress
 
 __all__ = ["METRICS", "E_FLAG", "AGG_FIELDS", "analyse_run", "protocol_label", "add_ratios", "aggregate"]
 
@@ -55,7 +55,7 @@ def analyse_run(run_dir, solo):
     curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
     reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
     figures = progress.run_progress(run_dir)
-    cluster_file = os.path.join(run_dir, "cluster.json")  # launch.CLUSTER_RECORD: a run on the emulated cluster
+    cluster_file = os.path.join(run_dir, launch.CLUSTER_RECORD)  # a run on the emulated cluster
     cluster = None
     if os.path.exists(cluster_file):
         with open(cluster_file) as f:

@@ -26,7 +26,7 @@ import sys
 import time
 
 from hetsync.emulation.cluster.net import Cluster, down_all, list_clusters
-from hetsync.emulation.cluster.spec import ClusterSpec
+from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links
 from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
 from hetsync.world import DILATION_ENV
@@ -77,13 +77,7 @@ def spec_from_args(args):
     Raises:
         ValueError: a bad value (``--hosts 0``, a rate that does not parse, ``--host-link`` without ``=``).
     """
-    pairs = []
-    for item in args.host_link:
-        host, sep, rate = item.partition("=")
-        if not sep:
-            raise ValueError(f"--host-link {item!r}: give HOST=RATE, e.g. h1=250mbit")
-        pairs.append((host.strip(), rate.strip()))
-    return ClusterSpec(hosts=args.hosts, slots=args.slots, link=args.link, host_links=tuple(pairs),
+    return ClusterSpec(hosts=args.hosts, slots=args.slots, link=args.link, host_links=parse_host_links(args.host_link),
                        latency_ms=args.latency_ms, dilation=args.dilation)
 
 

@@ -8,7 +8,7 @@ keep up in real time emulates the same cluster slower.
 import dataclasses
 import re
 
-__all__ = ["ClusterSpec", "parse_rate", "format_rate", "MAX_HOSTS", "ADDRESS_PREFIX", "host_name", "host_address"]
+__all__ = ["ClusterSpec", "parse_rate", "parse_host_links", "format_rate", "MAX_HOSTS", "ADDRESS_PREFIX", "host_name", "host_address"]
 
 #: most hosts one cluster may have (one network namespace, one link and one sshd each).
 MAX_HOSTS = 64
@@ -35,6 +35,21 @@ def parse_rate(text):
         raise ValueError(f"link rate {text!r} does not parse: give a positive number and one of "
                            f"{', '.join(_UNITS)} (tc's units, bits per second), e.g. 1gbit or 100mbit")
     return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_host_links(items):
+    """``HOST=RATE`` texts (the command lines' repeatable ``--host-link``) as ``(host, rate)`` pairs (tuple).
+
+    Raises:
+        ValueError: an item without ``=`` (names it and the form).
+    """
+    pairs = []
+    for item in items:
+        host, sep, rate = str(item).partition("=")
+        if not sep:
+            raise ValueError(f"--host-link {item!r}: give HOST=RATE, e.g. h1=250mbit")
+        pairs.append((host.strip(), rate.strip()))
+    return tuple(pairs)
 
 
 def format_rate(bits_per_s):
