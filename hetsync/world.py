@@ -21,7 +21,7 @@ log = logging.getLogger("hetsync")
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
-    "register_shutdown", "dilation", "dilated", "DILATION_ENV",
+    "register_shutdown", "dilation", "dilated", "DILATION_ENV", "host_name", "host_names", "HOST_ENVS",
 ]
 
 
@@ -29,6 +29,10 @@ __all__ = [
 COLLECTIVE_TIMEOUT_S = 300
 #: The environment variable holding the run's time dilation D (``hetsync-cluster run --dilation D`` sets it).
 DILATION_ENV = "HETSYNC_DILATION"
+
+#: where a launcher names the host it started a rank on, first match wins: horovodrun's Gloo mode, then
+#: OpenMPI's PMIx (the name given in ``-H``/the hostfile).
+HOST_ENVS = ("HOROVOD_HOSTNAME", "PMIX_HOSTNAME")
 
 _lock = threading.Lock()
 _state = {"mode": None}
@@ -156,6 +160,40 @@ def local_rank():
 def local_size():
     """Return the number of ranks on this host (int). Raises RuntimeError before init()."""
     return _hvd().local_size()
+
+
+def host_name():
+    """The name of the host this rank was launched on, as the launch named it (``-H h0:2,h1:2`` gives
+    ``"h0"`` or ``"h1"``): the first of :data:`HOST_ENVS` that is set, else ``socket.gethostname()``
+    (a launch that names no host: one machine).
+
+    Returns:
+        str. Raises: nothing.
+    """
+    for var in HOST_ENVS:
+        if os.environ.get(var):
+            return os.environ[var]
+    import socket
+
+    return socket.gethostname()
+
+
+def host_names():
+    """Every rank's :func:`host_name`, by rank (list of ``size()`` str). Collective: every rank calls it.
+
+    horovod's ``allgather_object`` (under MPI and Gloo alike), so a rank that never joins ends the job at
+    horovod's stall shutdown (:data:`COLLECTIVE_TIMEOUT_S` x D) instead of hanging; in a single process
+    ``[host_name()]``.
+
+    Raises:
+        RuntimeError: before :func:`init`.
+    """
+    mode = launch_mode()
+    if mode is None:
+        raise RuntimeError("hetsync.world.host_names: call hetsync.init() first")
+    if mode == "single":
+        return [host_name()]
+    return [str(h) for h in _hvd().allgather_object(host_name(), name="hetsync_host_names")]
 
 
 def launch_mode():

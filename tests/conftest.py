@@ -234,6 +234,7 @@ SLOW_TESTS = (
     "tests/mp/test_ps_mp.py::test_a_stalled_worker_is_named_by_the_server_which_tells_the_others",
     "tests/mp/test_rna_mp.py::test_ranks_with_different_step_counts_end_cleanly",
     "tests/mp/test_rnah_mp.py::test_auto_groups_split_the_slow_worker_off_after_the_warm_up",
+    "tests/mp/test_rnah_mp.py::test_groups_by_host_follow_the_launch_host_names",
     "tests/mp/test_selsync_mp.py::test_huge_delta_never_synchronizes_after_the_first_step",
     "tests/mp/test_selsync_mp.py::test_noniid_injection_end_to_end_with_the_example",
     "tests/mp/test_selsync_mp.py::test_parameters_are_averaged_once_at_train_end",

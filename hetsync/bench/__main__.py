@@ -16,7 +16,11 @@ import json
 import os
 import sys
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "DIGITS_EPOCHS"]
+
+#: without MNIST's files, the cluster preset's MNIST cells train on the embedded digits this many times
+#: their epochs (about the same number of steps: 1,437 training samples against 8,000).
+DIGITS_EPOCHS = 5
 
 
 def parse_args(argv=None):
@@ -26,7 +30,7 @@ def parse_args(argv=None):
         ``(args, preset, protocols, protocol_args)``.
     """
     from hetsync import protocols as _protocols
-    from hetsync.bench import matrix
+    from hetsync.bench import launch, matrix
 
     p = argparse.ArgumentParser(prog="hetsync-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -115,6 +119,13 @@ def parse_args(argv=None):
         from hetsync.data import DATA_DIR_ENV
 
         os.environ[DATA_DIR_ENV] = os.path.abspath(args.data_dir)
+    if any(c.cluster is not None for c in preset.cells) and launch.mnist_dir() is None:
+        # the emulated cluster's cells train on MNIST where its files are, on the embedded digits without them
+        preset = dataclasses.replace(preset, cells=tuple(
+            dataclasses.replace(c, dataset="digits", epochs=(c.epochs or preset.epochs["mnist"]) * DIGITS_EPOCHS)
+            if c.dataset == "mnist" else c for c in preset.cells))
+        print(f"note: no MNIST folder (--data-dir or HETSYNC_DATA_DIR): the cluster cells train on the embedded "
+              f"digits, {DIGITS_EPOCHS}x the epochs (1,437 training samples against 8,000)", file=sys.stderr)
     if not args.dry_run and not args.report_from and not args.micro_only:
         missing = matrix.missing_data(preset)
         if missing is not None:
@@ -146,7 +157,7 @@ def main(argv=None):
         with open(os.path.join(args.report_from, "results.json")) as f:
             results = json.load(f)
         matrix.reanalyse(results, args.report_from)
-        return _report(args, results, args.report_from, results.get("micro"))
+        return _report(args, results, args.report_from, results.get("micro"), preset)
     if not args.no_micro:
         from hetsync.bench import micro as _micro
 
@@ -161,17 +172,25 @@ def main(argv=None):
     results = matrix.run_matrix(preset, names, out, protocol_args=proto_args, progress=not args.no_progress,
                                 log=lambda s: print(s, file=sys.stderr))
     results["micro"] = micro
-    return _report(args, results, out, micro)
+    return _report(args, results, out, micro, preset)
 
 
-def _report(args, results, out, micro):
-    """Write results.json, results.md and the plots (and the README section); print the table."""
-    from hetsync.bench import plots, readme, table
+def _report(args, results, out, micro, preset):
+    """Write results.json, results.md and the plots (and the README section); print the table. Cluster
+    cells with two protocols also get their side-by-side ratios (``results["pairs"]``)."""
+    from hetsync.bench import cluster_cells, plots, readme, table
 
     pngs = plots.make_all(results, os.path.join(out, "plots"))
     md = table.markdown_table(results)
+    pairs = cluster_cells.pair_ratios(results["runs"], preset.cells)
+    results["pairs"] = pairs
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(readme.results_section(results, os.path.relpath(pngs[0], out), micro))
+        if pairs:
+            f.write("\n\n## Side by side on the emulated cluster (median over seeds; > 1: the candidate wins)\n\n"
+                    + cluster_cells.pair_table(pairs) + "\n")
+    if pairs:
+        md += "\n\n" + cluster_cells.pair_table(pairs)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     print(md)

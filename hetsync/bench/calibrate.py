@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 from hetsync.bench import launch
-from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links
+from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links, parse_host_slots
 
 __all__ = ["calibrate", "trial", "choose", "main", "MAX_OVERRUN", "DEFAULT_CANDIDATES"]
 
@@ -90,7 +90,7 @@ def trial(spec, job_args, out, timeout_s=900.0):
 
 
 def calibrate(hosts, slots, link, job_args, out_dir, candidates=DEFAULT_CANDIDATES, host_links=(),
-              max_overrun=MAX_OVERRUN, timeout_s=900.0, log=print):
+              max_overrun=MAX_OVERRUN, timeout_s=900.0, log=print, host_slots=()):
     """Try each candidate D in increasing order until a run keeps under ``max_overrun`` overrun steps.
 
     Args:
@@ -98,6 +98,7 @@ def calibrate(hosts, slots, link, job_args, out_dir, candidates=DEFAULT_CANDIDAT
         job_args: list of str, the job's flags; its ``--slowdown`` must have a ``device:MS`` part.
         out_dir: str folder for the trial runs (``D<d>/`` each).
         candidates: iterable of floats >= 1. host_links: tuple of ``(host, rate)`` pairs.
+        host_slots: tuple of ``(host, int)`` pairs, hosts with their own rank count.
         max_overrun: float in (0, 1]. timeout_s: float seconds per trial. log: callable(str) for progress.
 
     Returns:
@@ -119,7 +120,8 @@ def calibrate(hosts, slots, link, job_args, out_dir, candidates=DEFAULT_CANDIDAT
     if spec_text is None or parse_spec(spec_text).device_ms is None:
         raise ValueError(f"calibration needs the job's --slowdown with a device:MS part (the emulated device "
                          f"whose overruns it counts), got {spec_text!r}")
-    specs = [ClusterSpec(hosts=hosts, slots=slots, link=link, host_links=tuple(host_links), dilation=d) for d in cands]
+    specs = [ClusterSpec(hosts=hosts, slots=slots, link=link, host_links=tuple(host_links), dilation=d,
+                         host_slots=tuple(host_slots)) for d in cands]
     trials = []
     for spec in specs:
         row = trial(spec, args, os.path.join(out_dir, f"D{spec.dilation:g}"), timeout_s=timeout_s)
@@ -142,6 +144,7 @@ def main(argv=None):
     p.add_argument("--slots", type=int, default=1)
     p.add_argument("--link", default="10gbit")
     p.add_argument("--host-link", action="append", default=[], metavar="HOST=RATE")
+    p.add_argument("--host-slots", action="append", default=[], metavar="HOST=S")
     p.add_argument("--slowdown", required=True, help="the scenario, with a device:MS part")
     p.add_argument("--protocol", default="bsp")
     p.add_argument("--model", default="mlp")
@@ -158,12 +161,13 @@ def main(argv=None):
         p.error(f"--candidates must be comma-separated numbers >= 1, got {a.candidates!r}")
     try:
         links = parse_host_links(a.host_link)
+        host_slots = parse_host_slots(a.host_slots)
     except ValueError as exc:
         p.error(str(exc))
     job = ["--protocol", a.protocol, "--slowdown", a.slowdown, "--model", a.model, "--epochs", str(a.epochs),
            "--batch-size", str(a.batch_size)] + launch.dataset_args(digits=a.digits)
     try:
-        result = calibrate(a.hosts, a.slots, a.link, job, a.out, candidates=cands, host_links=links,
+        result = calibrate(a.hosts, a.slots, a.link, job, a.out, candidates=cands, host_links=links, host_slots=host_slots,
                            timeout_s=a.timeout, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as exc:
         p.error(str(exc))

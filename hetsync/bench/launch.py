@@ -107,7 +107,8 @@ def mpirun(np_, argv):
 
 def on_cluster(spec, argv, record=None, timeout_s=3600.0):
     """``hetsync-cluster run ... -- horovodrun --mpi -np {np} -H {hosts} PYTHON ARGV...`` (list of str): the job
-    on the emulated multi-host cluster :mod:`hetsync.emulation.cluster`, ranks placed ``spec.slots`` per host.
+    on the emulated multi-host cluster :mod:`hetsync.emulation.cluster`, ranks placed ``spec.slots`` per host
+    (``spec.host_slots`` where a host has its own count).
 
     Args:
         spec: :class:`hetsync.emulation.cluster.ClusterSpec` (hosts, slots, rates, dilation D; checked).
@@ -127,6 +128,8 @@ def on_cluster(spec, argv, record=None, timeout_s=3600.0):
            str(spec.slots), "--link", spec.link, "--dilation", f"{spec.dilation:g}", "--timeout", f"{timeout_s:g}"]
     for host, rate in spec.host_links:
         cmd += ["--host-link", f"{host}={rate}"]
+    for host, n in spec.host_slots:
+        cmd += ["--host-slots", f"{host}={n}"]
     if record:
         cmd += ["--record", record]
     return cmd + ["--", os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--mpi", "-np", "{np}",

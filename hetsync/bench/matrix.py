@@ -27,7 +27,8 @@ import sys
 import time
 
 from hetsync.emulation import scenario as _slowdown
-from hetsync.bench import efficiency, launch, progress as _progress
+from hetsync.emulation.cluster.spec import ClusterSpec
+from hetsync.bench import cluster_cells as _cluster_cells, efficiency, launch, progress as _progress
 from hetsync.bench.results import (  # noqa: F401 - the figures' names, kept importable from here
     AGG_FIELDS, E_FLAG, METRICS, add_ratios, aggregate, analyse_run, protocol_label)
 
@@ -113,6 +114,13 @@ class Cell:
         protocols: tuple of protocol names run in this cell (BSP is always one), or None for all.
         epochs: int epochs of this cell's runs, or None for the preset's for the data set.
         twin_of: str key of the cell whose homogeneous twin this is (:func:`twin_cell`), or None.
+        cluster: :class:`hetsync.emulation.cluster.ClusterSpec` (its dilation is calibrated, not taken) to
+            run every launch on the emulated multi-host cluster (:mod:`hetsync.bench.cluster_cells`), or None
+            for one host. Its ranks (``cluster.np``) are the cell's ``np``.
+        model: str, the job's model for this cell (:data:`hetsync.bench.job.MODELS`), or None for the preset's.
+
+    ``protocols`` of a cluster cell are run exactly as listed (BSP only where listed) and may be variants,
+    ``NAME(KEY=VALUE;...)`` (:func:`hetsync.bench.cluster_cells.parse_variant`).
     """
 
     dataset: str
@@ -122,13 +130,18 @@ class Cell:
     protocols: tuple = None
     epochs: int = None
     twin_of: str = None
+    cluster: object = None
+    model: str = None
 
     @property
     def key(self):
-        """``"[npN:]dataset/scenario"``, the cell's name in results and on the command line
-        (``"...~twin"`` for a homogeneous twin, so it never meets a cell of the same scenario)."""
+        """``"[npN:]dataset/scenario[@CLUSTER][[MODEL]]"``, the cell's name in results and on the command line
+        (``"...~twin"`` for a homogeneous twin, so it never meets a cell of the same scenario; CLUSTER is
+        :func:`hetsync.bench.cluster_cells.cluster_label`)."""
         twin = "~twin" if self.twin_of else ""
-        return (f"np{self.np}:" if self.np else "") + f"{self.dataset}/{self.scenario}{twin}"
+        where = "@" + _cluster_cells.cluster_label(self.cluster) if self.cluster is not None else ""
+        model = f"[{self.model}]" if self.model else ""
+        return (f"np{self.np}:" if self.np else "") + f"{self.dataset}/{self.scenario}{where}{model}{twin}"
 
     @property
     def emulated(self):
@@ -244,7 +257,7 @@ class Preset:
         runs pass ``epochs_factor`` = :data:`SOLO_EPOCHS_FACTOR` to measure over more steps."""
         dataset = cell.dataset
         return [*JOB] + dataset_argv(dataset) + [
-            "--model", self.model, "--epochs", str(self.cell_epochs(cell) * epochs_factor),
+            "--model", cell.model or self.model, "--epochs", str(self.cell_epochs(cell) * epochs_factor),
             "--batch-size", str(self.batch_size),
             "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])] + (
             ["--eval-every", str(eval_every)] if eval_every else [])
@@ -270,6 +283,12 @@ class Preset:
                 _slowdown.parse_spec(c.scenario).validate(self.cell_np(c))
             except ValueError as exc:
                 raise ValueError(f"scenario {c.key} does not fit {self.cell_np(c)} ranks: {exc}") from None
+            if c.cluster is not None:
+                _cluster_cells.device_only(c.scenario)
+                if c.cluster.np != self.cell_np(c):
+                    raise ValueError(f"cell {c.key}: its cluster runs {c.cluster.np} ranks, the cell {self.cell_np(c)}")
+                for p in c.protocols or ():
+                    _cluster_cells.parse_variant(p)
             if c.epochs is None and c.dataset not in self.epochs:
                 raise ValueError(f"preset {self.name!r} has no epoch count for data set {c.dataset!r}")
 
@@ -292,6 +311,25 @@ _FULL_CELLS = (
     parse_cell("np2:digits/none", protocols=("rna",)),
 )
 
+# The emulated multi-host cluster (``--preset cluster``): 8 ranks on hosts of their own joined by shaped links,
+# the wide MLP (1.86M parameters, 7.5 MB of gradients a step on MNIST; 1.13M on digits), device:10 (10 ms
+# per 32-sample step), D calibrated per cell. Headline: RNA against BSP on 4 hosts x 2 at 10 Gbit/s under
+# random:6. Hierarchical RNA grouped by host against flat RNA on a mixed network (h2's link 4x slower) with
+# 6 workers on 3 hosts and the 2 servers on hosts of their own. Layer-wise against memory-wise sharding with
+# 2 servers on 1 Gbit/s links (layer-wise puts 1,115,136 of the 1,126,410 parameters on one server).
+_CLUSTER_4X2 = ClusterSpec(hosts=4, slots=2, link="10gbit")
+_SERVERS_APART = (("h3", 1), ("h4", 1))
+_CLUSTER_CELLS = (
+    Cell("mnist", "device:10+random:6", seeds=(0, 1, 2), np=8, protocols=("bsp", "rna"), epochs=2,
+         cluster=_CLUSTER_4X2, model="wide"),
+    Cell("mnist", "device:10+random:6", seeds=(0, 1, 2), np=8, protocols=("rna", "rnah(groups=host;servers=2)"),
+         epochs=2, cluster=ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=_SERVERS_APART,
+                                       host_links=(("h2", "2.5gbit"),)), model="wide"),
+    Cell("digits", "device:10", seeds=(0, 1, 2), np=8,
+         protocols=("shat(sharding=layer;servers=2)", "shat(sharding=memory;servers=2)"), epochs=2,
+         cluster=ClusterSpec(hosts=5, slots=2, link="1gbit", host_slots=_SERVERS_APART), model="wide"),
+)
+
 #: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds per launch, per solo).
 LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 45.0, 40.0
 
@@ -302,6 +340,8 @@ PRESETS = {
                     epochs={"digits": 6, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}),
     "full": Preset("full", np=4, cells=_FULL_CELLS, seeds=(0,), epochs={"digits": 20, "mnist": 5},
                    target={"digits": 0.95, "mnist": 0.9}, evals=24),
+    "cluster": Preset("cluster", np=8, cells=_CLUSTER_CELLS, seeds=(0, 1, 2), epochs={"digits": 2, "mnist": 2},
+                      target={"digits": 0.85, "mnist": 0.85}, evals=12, timeout_s=1200.0),
 }
 
 
@@ -320,7 +360,12 @@ def plan(preset, protocols):
     order, k = [], 0
     for seed in sorted({s for c in preset.cells for s in preset.cell_seeds(c)}):
         for cell in [c for c in preset.cells if seed in preset.cell_seeds(c)]:
-            mine = [p for p in protocols if cell.protocols is None or p == "bsp" or p in cell.protocols]
+            if cell.cluster is not None:  # exactly the cell's list, variants included
+                mine = [p for p in cell.protocols or protocols if _cluster_cells.parse_variant(p)[0] in protocols]
+            else:
+                mine = [p for p in protocols if cell.protocols is None or p == "bsp" or p in cell.protocols]
+            if not mine:  # every protocol of the cell filtered out
+                continue
             rot = k % len(mine)
             order += [(seed, cell, p) for p in mine[rot:] + mine[:rot]]
             k += 1
@@ -334,11 +379,19 @@ def _env():
     return launch.job_env(stall_shutdown_s=120)
 
 
-def launch_command(preset, seed, cell, protocol, out, protocol_args=()):
-    """The ``horovodrun --mpi`` command (list of str) of one run."""
-    return launch.horovodrun(preset.cell_np(cell), preset.job_argv(cell, eval_every=preset.eval_every(cell)) + [
-        "--protocol", protocol, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"]
-        + launch.protocol_args(protocol_args))
+def launch_command(preset, seed, cell, protocol, out, protocol_args=(), dilation=None):
+    """The launch (list of str) of one run: ``horovodrun --mpi`` on this machine, or, for a cluster cell,
+    ``hetsync-cluster run`` at time dilation ``dilation`` (float >= 1) around ``horovodrun -H {hosts}``
+    (the cluster's record goes to ``out/`` :data:`hetsync.bench.launch.CLUSTER_RECORD`). ``protocol`` may be
+    a variant ``NAME(KEY=VALUE;...)``; its arguments come before ``protocol_args``."""
+    name, own = _cluster_cells.parse_variant(protocol)
+    argv = preset.job_argv(cell, eval_every=preset.eval_every(cell)) + [
+        "--protocol", name, "--slowdown", cell.scenario, "--seed", str(seed), "--out", out, "--quiet"] \
+        + launch.protocol_args(tuple(own) + tuple(protocol_args))
+    if cell.cluster is not None:
+        return _cluster_cells.launch_command(_cluster_cells.with_dilation(cell.cluster, dilation or 1.0), argv,
+                                             os.path.join(out, launch.CLUSTER_RECORD), preset.timeout_s)
+    return launch.horovodrun(preset.cell_np(cell), argv)
 
 
 
@@ -422,8 +475,16 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
                "solo": {}, "runs": []}
     bar = tqdm(total=len(order) + len(preset.cells), desc=f"hetsync-bench {preset.name}", unit="launch",
                disable=not progress, file=sys.stderr)
+    cluster_cache = {}
     try:
         for seed, cell, proto in order:
+            if cell.key not in results["solo"] and cell.cluster is not None:
+                bar.set_postfix_str(f"calibration {cell.key}")
+                results.setdefault("cells", {})[cell.key] = _cluster_cells.prepare(
+                    cell, preset.job_argv(cell), os.path.join(out_dir, "cells", _slug(cell.key)), cluster_cache,
+                    timeout_s=preset.timeout_s, log=log)
+                results["solo"][cell.key] = {"error": "not measured on the emulated cluster: E against the devices' "
+                                                      "analytic speeds only"}
             if cell.key not in results["solo"] and cell.twin_of:
                 results["solo"][cell.key] = {"error": "not measured: a homogeneous twin (the tax's reference)"}
             if cell.key not in results["solo"]:
@@ -441,8 +502,9 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
                 bar.update(1)
             bar.set_postfix_str(f"seed {seed} {cell.key} {proto}")
             run_dir = os.path.join(out_dir, "runs", f"seed{seed}", _slug(cell.key), proto)
-            results["runs"].append(_one_run(preset, seed, cell, proto, run_dir, protocol_args.get(proto, ()),
-                                            results["solo"][cell.key], log))
+            results["runs"].append(_one_run(preset, seed, cell, proto, run_dir,
+                                            protocol_args.get(_cluster_cells.parse_variant(proto)[0], ()),
+                                            results["solo"][cell.key], log, results.get("cells", {}).get(cell.key)))
             bar.update(1)
     finally:
         bar.close()
@@ -454,14 +516,21 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
     return results
 
 
-def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
-    cmd = launch_command(preset, seed, cell, proto, run_dir, proto_args)
+def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log, prepared=None):
+    dilation = None
+    if prepared is not None:
+        dilation = prepared["dilation"] or max(_cluster_cells.CANDIDATES)
+    cmd = launch_command(preset, seed, cell, proto, run_dir, proto_args, dilation=dilation)
     rec = {"protocol": proto, "seed": seed, "cell": cell.key, "dataset": cell.dataset, "scenario": cell.scenario,
            "np": preset.cell_np(cell), "out": run_dir, "twin_of": cell.twin_of, "command": " ".join(shlex.quote(a) for a in cmd)}
+    if prepared is not None:
+        rec.update(comm_fraction=prepared.get("comm_fraction"), calibrated=prepared["dilation"] is not None,
+                   cluster_label=_cluster_cells.cluster_label(cell.cluster), model=cell.model or preset.model)
     os.makedirs(run_dir, exist_ok=True)
     t = time.time()
     try:
-        proc = launch.run(cmd, preset.timeout_s, stall_shutdown_s=120)
+        # a cluster launch ends itself at the preset's timeout (its --timeout) and tears the hosts down
+        proc = launch.run(cmd, preset.timeout_s + (60.0 if cell.cluster is not None else 0.0), stall_shutdown_s=120)
         output = proc.stdout + proc.stderr
         failed = f"exited {proc.returncode}" if proc.returncode != 0 else None
     except subprocess.TimeoutExpired as exc:
@@ -473,6 +542,8 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log):
     if failed is None:
         try:
             rec.update(analyse_run(run_dir, solo))
+            if prepared is not None:
+                rec["protocol_label"] = proto
         except (OSError, ValueError, KeyError, IndexError) as exc:
             failed = f"unusable output: {type(exc).__name__}: {exc}"
     rec["status"] = "ok" if failed is None else "failed"
@@ -491,6 +562,7 @@ def _preset_dict(preset):
     d["cells"] = [c.key for c in preset.cells]
     d["cell_np"] = {c.key: preset.cell_np(c) for c in preset.cells}
     d["cell_protocols"] = {c.key: list(c.protocols) if c.protocols else None for c in preset.cells}
+    d["cell_cluster"] = {c.key: (dataclasses.asdict(c.cluster) if c.cluster is not None else None) for c in preset.cells}
     d["cell_seeds"] = {c.key: list(preset.cell_seeds(c)) for c in preset.cells}
     d["seeds"] = sorted({s for c in preset.cells for s in preset.cell_seeds(c)})
     return d

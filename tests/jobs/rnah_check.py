@@ -14,6 +14,8 @@ MODE:
   groups  3 workers + 1 server, groups=[[0, 1], [2]], an MLP on digits, rank 2 20 ms slower per step.
   auto    3 workers + 1 server, groups="auto", warmup_steps=8, an MLP on digits, rank 2 40 ms slower
           per step (20 steps; ranks 0 and 1 run 250): the measured times must split {0, 1} from {2}.
+  host    as ``groups`` with groups="host": the launch gives ranks 0, 1 one host name and rank 2 another
+          (HOROVOD_HOSTNAME per rank in an MPMD launch), so the groups must come out [[0, 1], [2]].
   bad     3 ranks (2 workers + 1 server): wrapping with bad groups or probes fails before training;
           every rank records the messages.
 """
@@ -88,14 +90,14 @@ if mode == "one":
     if hetsync.is_server():
         fit = {"x": x[:b], "y": y[:b], "batch_size": b, "shuffle": False}
 else:
-    if mode == "groups":
-        kwargs = {"groups": [[0, 1], [2]], "average_every": 5}
+    if mode in ("groups", "host"):
+        kwargs = {"groups": [[0, 1], [2]] if mode == "groups" else "host", "average_every": 5}
         spec, steps = "uniform:20:20@2", 40
     elif mode == "auto":
         kwargs = {"groups": "auto", "warmup_steps": 8}
         spec, steps = "uniform:40:40@2", (20 if rank == 2 else 250)  # the fast group trains on after the split
     else:
-        raise SystemExit(f"unknown mode {mode!r}; use one, groups, auto or bad")
+        raise SystemExit(f"unknown mode {mode!r}; use one, groups, host, auto or bad")
     ds = hetsync.data.load("digits", seed=0)
     model = keras.Sequential([keras.Input(ds.input_shape), keras.layers.Flatten(),
                               keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10, activation="softmax")])

@@ -2,7 +2,7 @@
 within a group, parameters are bit-identical within a group after each broadcast, the automatic rule
 splits a slow worker off after the warm-up, bad groups fail before training (``tests/jobs/rnah_check.py``)."""
 
-from conftest import JOBS_DIR, launch, read_json
+from conftest import JOBS_DIR, PY, launch, read_json, run_job
 
 SCRIPT = f"{JOBS_DIR}/rnah_check.py"
 
@@ -95,6 +95,28 @@ def test_explicit_groups_reduce_within_the_group_and_broadcast_bit_identical_par
     stats = {rk["rank"]: rk["stats"] for rk in r["ranks"]}
     assert [stats[i]["rnah_group"] for i in range(3)] == [0.0, 0.0, 1.0]
     assert all(stats[i]["rnah_groups"] == 2.0 for i in range(3))
+    assert len({tuple(rk["final"]) for rk in r["ranks"]}) == 1
+
+
+def test_groups_by_host_follow_the_launch_host_names(tmp_path):
+    """groups="host": an MPMD mpirun launch names the host of each rank (HOROVOD_HOSTNAME: h0 for ranks 0
+    and 1, h1 for rank 2, h2 for the server); the groups are the workers of each host, and the rounds
+    and exchanges behave as with the same groups given explicitly."""
+    out = tmp_path / "host.json"
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl_tcp_if_include", "lo"]
+    for n, host in ((2, "h0"), (1, "h1"), (1, "h2")):
+        cmd += ["-np", str(n), "env", f"HOROVOD_HOSTNAME={host}", PY, SCRIPT, "host", str(out), ":"]
+    proc = run_job(cmd[:-1], 300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    r = read_json(out)
+    s = r["summary"]
+    assert s["groups"] == [[0, 1], [2]]
+    change = s["group_changes"][0]
+    assert change["source"] == "host" and change["hosts"] == ["h0", "h0", "h1", "h2"] and change["groups"] == [[0, 1], [2]]
+    by_round = check_rounds(r)
+    assert {key[1] for key in by_round} == {0, 1}
+    counts = check_overwrites(s, {key: sorted(entries) for key, entries in by_round.items()})
+    assert sum(counts.values()) == s["ps_exchanges"] > 0
     assert len({tuple(rk["final"]) for rk in r["ranks"]}) == 1
 
 

@@ -3,6 +3,7 @@ created, up/down leave nothing behind, links shaped to the set rate (with dilati
 crossing the links (byte counters), hostnames and names per host, teardown on timeout and on SIGTERM, and
 a clear error without the capabilities. Skipped, with the reason, where namespaces cannot be made."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from hetsync.emulation.cluster import Cluster, ClusterSpec, check_capabilities, list_clusters, parse_rate
+from hetsync.emulation.cluster import Cluster, ClusterSpec, check_capabilities, format_rate, list_clusters, parse_rate
+from hetsync.emulation.cluster.spec import parse_host_slots
 from hetsync.emulation.cluster.__main__ import main as cluster_main
 from hetsync.emulation.cluster.__main__ import substitute
 from hetsync.emulation.cluster.ssh import sshd_path
@@ -204,3 +206,37 @@ def test_ssh_between_hosts_needs_no_flags_and_accepts_only_the_clusters_key(made
                               timeout=60).returncode != 0
     assert not os.path.exists(state)
     assert not any(c.cid in n for n in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []))
+
+
+def test_hosts_may_have_their_own_slots_and_a_link_may_be_left_unshaped():
+    spec = ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=(("h3", 1), ("h4", 1)), dilation=20)
+    assert spec.np == 8 and spec.hosts_arg() == "h0:2,h1:2,h2:2,h3:1,h4:1"
+    assert [spec.host_of_rank(r) for r in range(8)] == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h4"]
+    with pytest.raises(ValueError, match="rank 8 is outside this cluster's 8 ranks"):
+        spec.host_of_rank(8)
+    assert parse_host_slots(["h3=1", " h4 = 2"]) == (("h3", 1), ("h4", 2))
+    for bad in ("h3", "h3=x", "h3=-1"):
+        with pytest.raises(ValueError, match="give HOST=S"):
+            parse_host_slots([bad])
+    with pytest.raises(ValueError, match="no host 'h7' in a cluster of 5 hosts"):
+        ClusterSpec(hosts=5, host_slots=(("h7", 1),))
+    with pytest.raises(ValueError, match="slots must be an int >= 1"):
+        ClusterSpec(hosts=5, host_slots=(("h1", 0),))
+    assert parse_rate("unshaped") == math.inf and format_rate(math.inf) == "unshaped"
+    flat = ClusterSpec(hosts=2, link="unshaped", dilation=4)
+    assert flat.shaped_rate(0) == math.inf
+
+
+@needs_cluster
+def test_an_unshaped_cluster_has_no_token_bucket_and_records_no_utilisation(made):
+    c = Cluster(ClusterSpec(hosts=2, link="unshaped", host_slots=(("h1", 3),)), ssh=False)
+    made.append(c.cid)
+    with c:
+        qdisc = subprocess.run(["tc", "-n", c.host_ns(1), "qdisc", "show", "dev", "eth0"], capture_output=True,
+                               text=True, check=True).stdout
+        rate = c.measure_throughput(1, 0, nbytes=4 * 2**20)
+        rec = c.record(1.0)
+        desc = c.describe()
+    assert "tbf" not in qdisc and rate > 0
+    assert desc["host_slots"] == [1, 3] and desc["hosts"][0]["rate_bps"] is None
+    assert rec["links"][1]["utilisation_from_host"] is None and rec["links"][1]["from_host_bytes"] >= 4 * 2**20

@@ -5,7 +5,7 @@ import pytest
 
 import hetsync
 from hetsync.protocols import HierarchicalRNAConfig, parse_protocol_args
-from hetsync.protocols.rna.groups import GroupController, SlotAverage, check_groups_fit, speed_groups
+from hetsync.protocols.rna.groups import GroupController, SlotAverage, check_groups_fit, host_groups, speed_groups
 
 
 @pytest.mark.parametrize("times, groups", [
@@ -50,7 +50,7 @@ def test_grouping_rejects_bad_times(times, message):
 
 
 @pytest.mark.parametrize("groups, message", [
-    ("fast", "groups must be 'auto' or a non-empty list"),
+    ("fast", "groups must be 'auto', 'host' or a non-empty list"),
     ([], "got \\[\\]"),
     ([[0, 1], []], r"groups\[1\] = \[\] is not a non-empty list"),
     ([[0, 1], [1, 2]], r"rank 1 is in both groups\[0\] and groups\[1\]"),
@@ -70,7 +70,9 @@ def test_groups_are_normalised_and_parsed_from_the_cli():
     assert parse_protocol_args("rnah", ["groups=[[0,1],[2,3]]", "sync_every=2", "servers=1"]) == {
         "groups": [[0, 1], [2, 3]], "sync_every": 2, "servers": 1}
     assert parse_protocol_args("rnah", ["groups=auto"]) == {"groups": "auto"}
-    with pytest.raises(ValueError, match="groups must be auto or a list of lists"):
+    assert parse_protocol_args("rnah", ["groups=host"]) == {"groups": "host"}
+    assert HierarchicalRNAConfig(groups="host").groups == "host"
+    with pytest.raises(ValueError, match="groups must be auto, host or a list of lists"):
         parse_protocol_args("rnah", ["groups=fast"])
     with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
         HierarchicalRNAConfig(sync_every=0)
@@ -85,6 +87,29 @@ def test_groups_must_partition_the_workers_of_the_launch():
         check_groups_fit("HierarchicalRNA", ((0, 1, 2), (7,)), 3, 4)
     with pytest.raises(ValueError, match=r"leave worker rank\(s\) \[2\] in no group"):
         check_groups_fit("HierarchicalRNA", ((0, 1),), 3, 4)
+
+
+def test_host_groups_follow_the_launch_hosts_in_order_of_first_appearance():
+    assert host_groups(["h0", "h0", "h1", "h1", "h2", "h2"]) == [[0, 1], [2, 3], [4, 5]]
+    assert host_groups(["b", "a", "b", "c"]) == [[0, 2], [1], [3]]
+    assert host_groups(["vm"] * 3) == [[0, 1, 2]]  # one host: one group, flat RNA
+    with pytest.raises(ValueError, match="no worker host names"):
+        host_groups([])
+
+
+def test_the_launch_names_the_host(monkeypatch):
+    from hetsync import world
+
+    monkeypatch.delenv("HOROVOD_HOSTNAME", raising=False)
+    monkeypatch.setenv("PMIX_HOSTNAME", "h3")
+    assert world.host_name() == "h3"
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "g1")  # horovodrun's Gloo mode first
+    assert world.host_name() == "g1"
+    monkeypatch.delenv("HOROVOD_HOSTNAME")
+    monkeypatch.delenv("PMIX_HOSTNAME")
+    import socket
+
+    assert world.host_name() == socket.gethostname()
 
 
 def test_server_rule_a_pull_after_sequential_pushes_and_slot_replacement():

@@ -2,14 +2,15 @@
 
 Commands::
 
-    hetsync-cluster run --hosts N --slots S --link RATE [--host-link HOST=RATE ...] [--latency-ms MS]
-                        [--dilation D] [--timeout S] -- COMMAND...
+    hetsync-cluster run --hosts N --slots S --link RATE [--host-link HOST=RATE ...] [--host-slots HOST=S ...]
+                        [--latency-ms MS] [--dilation D] [--timeout S] -- COMMAND...
     hetsync-cluster up --hosts N ...        # leaves it up; prints its description (with its id)
     hetsync-cluster status                  # the clusters up on this machine
     hetsync-cluster down [--cluster ID]     # one cluster, or every one (what a crashed run left)
 
 ``run`` brings the hosts up, runs COMMAND inside host ``h0`` with ``{hosts}`` replaced by
-``h0:S,h1:S,...`` and ``{np}`` by N x S, prints one JSON line of what it set up (and, after COMMAND,
+``h0:S,h1:S,...`` and ``{np}`` by N x S (each host's own S where ``--host-slots`` gives one; RATE ``unshaped``
+leaves the links without shaping), prints one JSON line of what it set up (and, after COMMAND,
 the bytes that crossed each link), tears everything down (also on an error, a timeout or Ctrl-C) and
 exits with COMMAND's status (124 on timeout). RATE uses ``tc``'s units (``100mbit``, ``1gbit``); it is
 the emulated cluster's rate, and the links are shaped to RATE / D. COMMAND runs with ``HETSYNC_DILATION=D``
@@ -26,7 +27,7 @@ import sys
 import time
 
 from hetsync.emulation.cluster.net import Cluster, down_all, list_clusters
-from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links
+from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links, parse_host_slots
 from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
 from hetsync.world import DILATION_ENV
@@ -51,6 +52,8 @@ def parse_args(argv=None):
         q.add_argument("--link", default="1gbit", help="every host's emulated link rate (tc units: 100mbit, 10gbit)")
         q.add_argument("--host-link", action="append", default=[], metavar="HOST=RATE",
                        help="one host's own rate (a mixed network), repeatable, e.g. h3=250mbit")
+        q.add_argument("--host-slots", action="append", default=[], metavar="HOST=S",
+                       help="one host's own rank count, repeatable, e.g. h3=1 (parameter servers on hosts of their own)")
         q.add_argument("--latency-ms", type=float, default=0.0, help="one-way added latency per link (ms)")
         q.add_argument("--dilation", type=float, default=1.0, help="time dilation D >= 1: links shaped to RATE / D")
         if name == "run":
@@ -75,10 +78,12 @@ def spec_from_args(args):
     """The :class:`ClusterSpec` of parsed ``run``/``up`` arguments.
 
     Raises:
-        ValueError: a bad value (``--hosts 0``, a rate that does not parse, ``--host-link`` without ``=``).
+        ValueError: a bad value (``--hosts 0``, a rate that does not parse, ``--host-link`` without ``=``,
+            ``--host-slots`` whose S is not an integer >= 1).
     """
     return ClusterSpec(hosts=args.hosts, slots=args.slots, link=args.link, host_links=parse_host_links(args.host_link),
-                       latency_ms=args.latency_ms, dilation=args.dilation)
+                       latency_ms=args.latency_ms, dilation=args.dilation,
+                       host_slots=parse_host_slots(args.host_slots))
 
 
 def substitute(command, spec):

@@ -19,6 +19,7 @@ Needs CAP_NET_ADMIN and CAP_SYS_ADMIN (``ip netns add`` mounts); without them :f
 raises :class:`hetsync.errors.ClusterError` naming what is missing, before anything is created.
 """
 import json
+import math
 import os
 import re
 import secrets
@@ -191,7 +192,7 @@ class Cluster:
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             rate = self.spec.shaped_rate(i)
-            for where, dev in ((sw, host_name(i)), (ns, "eth0")):
+            for where, dev in ((sw, host_name(i)), (ns, "eth0")) if math.isfinite(rate) else ():
                 _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", format_rate(rate),
                       "burst", str(_burst_bytes(rate)), "latency", "50ms"])
 
@@ -260,10 +261,11 @@ class Cluster:
 
         Returns:
             dict: ``cluster``, ``dilation`` D, ``wall_s``, ``emulated_s`` (wall_s / D), and ``links``, one
-            per host: ``host``, ``rate_bps`` (emulated), ``shaped_rate_bps`` (rate / D), ``to_host_bytes``,
+            per host: ``host``, ``rate_bps`` (emulated), ``shaped_rate_bps`` (rate / D; both None when
+            unshaped), ``to_host_bytes``,
             ``from_host_bytes`` and ``utilisation_to_host`` / ``utilisation_from_host`` (bytes x 8 over
             shaped rate x ``wall_s``: the fraction of the link's capacity the run used, in [0, 1] up to
-            the token bucket's burst).
+            the token bucket's burst; None on an unshaped link).
 
         Raises:
             ValueError: ``wall_s`` is not positive. ClusterError: the counters could not be read.
@@ -277,11 +279,15 @@ class Cluster:
             b = base.get(c["host"], {"to_host_bytes": 0, "from_host_bytes": 0})
             to_b, from_b = c["to_host_bytes"] - b["to_host_bytes"], c["from_host_bytes"] - b["from_host_bytes"]
             cap = self.spec.shaped_rate(i) * wall_s / 8.0
-            links.append({"host": c["host"], "rate_bps": self.spec.rate(i), "shaped_rate_bps": self.spec.shaped_rate(i),
+            links.append({"host": c["host"], "rate_bps": _bps(self.spec.rate(i)),
+                          "shaped_rate_bps": _bps(self.spec.shaped_rate(i)),
                           "to_host_bytes": to_b, "from_host_bytes": from_b,
-                          "utilisation_to_host": to_b / cap, "utilisation_from_host": from_b / cap})
+                          "utilisation_to_host": to_b / cap if math.isfinite(cap) else None,
+                          "utilisation_from_host": from_b / cap if math.isfinite(cap) else None})
         return {"cluster": self.cid, "dilation": self.spec.dilation, "hosts": self.spec.hosts,
-                "slots": self.spec.slots, "wall_s": float(wall_s), "emulated_s": float(wall_s) / self.spec.dilation,
+                "slots": self.spec.slots,
+                "host_slots": [self.spec.slots_of(i) for i in range(self.spec.hosts)], "wall_s": float(wall_s),
+                "emulated_s": float(wall_s) / self.spec.dilation,
                 "links": links}
 
     def measure_throughput(self, src, dst, nbytes=8 * 2**20, port=5201, timeout_s=60.0):
@@ -338,11 +344,17 @@ class Cluster:
         """What was set up (a JSON-able dict): id, hosts with names, namespaces, addresses and rates
         (emulated and shaped, bits per second), dilation, slots, np and the ``-H`` list."""
         return {"cluster": self.cid, "dilation": self.spec.dilation, "slots": self.spec.slots, "np": self.spec.np,
+                "host_slots": [self.spec.slots_of(i) for i in range(self.spec.hosts)],
                 "ssh": self.sshd is not None,
                 "hosts_arg": self.spec.hosts_arg(), "switch_namespace": self.switch_ns,
                 "hosts": [{"name": host_name(i), "namespace": self.host_ns(i), "address": host_address(i),
-                           "rate_bps": self.spec.rate(i), "shaped_rate_bps": self.spec.shaped_rate(i)}
+                           "rate_bps": _bps(self.spec.rate(i)), "shaped_rate_bps": _bps(self.spec.shaped_rate(i))}
                           for i in range(self.spec.hosts)]}
+
+
+def _bps(rate):
+    """A rate for JSON: float bits per second, or None for an unshaped link (infinite rate)."""
+    return rate if math.isfinite(rate) else None
 
 
 def _burst_bytes(rate_bps):

@@ -101,22 +101,23 @@ def speed_groups(times):
 
 # -- explicit groups ----------------------------------------------------------------------------------------
 def check_groups(owner, label, value):
-    """Check the ``groups`` argument's form: ``"auto"`` or a non-empty list of non-empty lists of distinct
-    ranks (ints >= 0); normalised to ``"auto"`` or a tuple of sorted tuples, in the given group order.
+    """Check the ``groups`` argument's form: ``"auto"``, ``"host"`` or a non-empty list of non-empty lists of
+    distinct ranks (ints >= 0); normalised to ``"auto"``, ``"host"`` or a tuple of sorted tuples, in the given
+    group order.
 
     Args:
         owner: str (e.g. ``"HierarchicalRNA"``), label: str, both named in the message. value: the argument.
 
     Returns:
-        ``"auto"`` or tuple of tuples of ints.
+        ``"auto"``, ``"host"`` or tuple of tuples of ints.
 
     Raises:
         ValueError: anything else; the message names the bad group or element, e.g. "groups[1] = [2, 2]:
             rank 2 is listed twice" or "groups[0][1] = 'a' is not a rank (an int >= 0)".
     """
-    what = "'auto' or a non-empty list of non-empty lists of worker ranks, e.g. [[0, 1], [2, 3]]"
+    what = "'auto', 'host' or a non-empty list of non-empty lists of worker ranks, e.g. [[0, 1], [2, 3]]"
     if isinstance(value, str):
-        if value == "auto":
+        if value in ("auto", "host"):
             return value
         raise ValueError(f"{owner}: {label} must be {what}, got {value!r}")
     if not isinstance(value, (list, tuple)) or not value:
@@ -144,7 +145,7 @@ def parse_groups(text):
     """Convert the CLI text of ``groups`` (``--protocol-arg groups=auto`` or ``groups=[[0,1],[2,3]]``).
 
     Returns:
-        ``"auto"`` or a list of lists (checked later by :func:`check_groups`).
+        ``"auto"``, ``"host"`` or a list of lists (checked later by :func:`check_groups`).
 
     Raises:
         ValueError: text that is neither ``auto`` nor a Python list literal.
@@ -152,14 +153,36 @@ def parse_groups(text):
     import ast
 
     text = text.strip()
-    if text == "auto":
+    if text in ("auto", "host"):
         return text
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval("{[1]}"): TypeError
-        raise ValueError(f"protocol HierarchicalRNA argument groups must be auto or a list of lists of ranks "
+        raise ValueError(f"protocol HierarchicalRNA argument groups must be auto, host or a list of lists of ranks "
                          f"such as [[0,1],[2,3]], got {text!r}") from None
     return value
+
+
+def host_groups(hosts):
+    """Workers grouped by the host they were launched on (``groups="host"``): one group per host, in the
+    order hosts first appear, each group's ranks ascending.
+
+    Args:
+        hosts: list of str, the launch host name of each worker rank 0 .. n - 1
+            (:func:`hetsync.world.host_names`, servers left out).
+
+    Returns:
+        list of lists of int, e.g. ``["h0", "h0", "h1", "h1"]`` gives ``[[0, 1], [2, 3]]``.
+
+    Raises:
+        ValueError: ``hosts`` empty.
+    """
+    if not hosts:
+        raise ValueError("host_groups: no worker host names")
+    out = {}
+    for r, h in enumerate(hosts):
+        out.setdefault(h, []).append(r)
+    return list(out.values())
 
 
 def check_groups_fit(owner, groups, n_workers, world_size):

@@ -34,7 +34,9 @@ parameter average every ``average_every`` rounds; with several groups that avera
 server exchange).
 
 Groups: explicit (``groups=[[0, 1], [2, 3]]``, checked before training: every worker in exactly one
-group, no server rank) or ``"auto"``: training starts as one group (flat RNA over all workers); every
+group, no server rank), ``"host"`` (one group per host the launch placed workers on, from the launcher's
+host names, :func:`hetsync.protocols.rna.groups.host_groups`; a hierarchy that follows the network) or
+``"auto"``: training starts as one group (flat RNA over all workers); every
 worker measures its mean step time (wall time of the compiled step, milliseconds) over
 ``warmup_steps`` steps after its first one and sends it to rank 0's controller, which applies the rule
 of section 4 (:func:`hetsync.protocols.rna.groups.speed_groups`: split while max - min > mean). If
@@ -61,7 +63,7 @@ from hetsync.core.config import ProtocolConfig, param
 from hetsync.protocols.ps.server import plan_shards
 from hetsync.protocols.rna.protocol import SWITCH_INTERVAL_S, RNAConfig, RNAProtocol
 from hetsync.protocols.rna.control import CONTROL, TO_CONTROLLER, RoundLoop
-from hetsync.protocols.rna.groups import GROUP_CHANNELS, TO_SERVER, GroupController, GroupServer, RNAHError, check_groups, check_groups_fit, parse_groups, speed_groups
+from hetsync.protocols.rna.groups import GROUP_CHANNELS, TO_SERVER, GroupController, GroupServer, RNAHError, check_groups, check_groups_fit, host_groups, parse_groups, speed_groups
 from hetsync.core.wrapper import protocol_wrapper
 from hetsync.protocols.rna.group_rounds import GroupRounds
 
@@ -86,7 +88,10 @@ class HierarchicalRNAConfig(ProtocolConfig):
         "auto", "``\"auto\"`` (one group for ``warmup_steps`` steps, then the rule of section 4 on the measured step "
                 "times: split while max - min exceeds the mean) or explicit groups, a list of lists of worker ranks "
                 "such as ``[[0, 1], [2, 3]]`` (every worker 0..n-1 in exactly one group; CLI: "
-                "``groups=[[0,1],[2,3]]``). One group is flat RNA.", check=check_groups, parse=parse_groups)
+                "``groups=[[0,1],[2,3]]``) or ``\"host\"`` (one group per launch host, the names the launcher "
+                "gave, :func:`hetsync.world.host_names`: ranks on one host reduce over shared memory, the "
+                "links carry only the server exchange). One group is flat RNA.", check=check_groups,
+        parse=parse_groups)
     sync_every: int = param(1, "int R >= 1: a group's round initiator pushes to and pulls from the server, then "
                                "broadcasts in the group, every R rounds of that group (section 4 does it every "
                                "round; section 6 'periodically').", ge=1, unit="rounds")
@@ -161,10 +166,15 @@ class HierarchicalRNAProtocol(GroupRounds, RNAProtocol):
             if self.cfg.probes > max(self.n_workers, 2):
                 raise ValueError(f"HierarchicalRNA: probes={self.cfg.probes} exceeds the {self.n_workers} worker(s); "
                                  f"use 1..{max(self.n_workers, 2)}")
-            if self.cfg.groups != "auto":
+            if self.cfg.groups not in ("auto", "host"):
                 check_groups_fit("HierarchicalRNA", self.cfg.groups, self.n_workers, size)
         if self.cfg.groups == "auto":
             self.groups, self.epoch = [list(self.workers)], 0
+        elif self.cfg.groups == "host":  # every rank calls the collective here, eagerly, in the same order
+            hosts = world.host_names()
+            self.groups, self.epoch = host_groups(hosts[:self.n_workers]), 1
+            self.changes.append({"epoch": 1, "round": 0, "groups": self.groups, "source": "host",
+                                 "hosts": hosts, "times_ms": None})
         else:
             self.groups, self.epoch = [list(g) for g in self.cfg.groups], 1
             self.changes.append({"epoch": 1, "round": 0, "groups": self.groups, "source": "explicit",

@@ -1,0 +1,121 @@
+"""Benchmark cells on the emulated multi-host cluster (hetsync.bench.cluster_cells and the matrix's
+``cluster`` preset): protocol variants, cell names, the communication share, calibration shared between
+cells, and the launch of a cluster cell's run. The real launches are in tests/mp/test_cluster_mp.py."""
+import json
+import os
+
+import pytest
+
+from hetsync.bench import cluster_cells, matrix
+from hetsync.emulation.cluster.spec import UNSHAPED, ClusterSpec
+
+
+def test_variants_name_a_protocol_with_its_arguments():
+    assert cluster_cells.parse_variant("bsp") == ("bsp", ())
+    assert cluster_cells.parse_variant("rnah(groups=host;servers=2)") == ("rnah", ("groups=host", "servers=2"))
+    assert cluster_cells.parse_variant("shat()") == ("shat", ())
+    for bad in ("shat(sharding)", "(x=1)", "shat(x=1"):
+        with pytest.raises(ValueError, match="variant"):
+            cluster_cells.parse_variant(bad)
+
+
+def test_cluster_labels_and_the_device_part():
+    assert cluster_cells.cluster_label(ClusterSpec(hosts=4, slots=2, link="10gbit")) == "4x2/10gbit"
+    spec = ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=(("h3", 1), ("h4", 1)),
+                       host_links=(("h2", "2.5gbit"),))
+    assert cluster_cells.cluster_label(spec) == "h0:2,h1:2,h2:2,h3:1,h4:1/10gbit,h2=2.5gbit"
+    assert cluster_cells.device_only("device:10+random:6") == "device:10"
+    with pytest.raises(ValueError, match="needs an emulated device"):
+        cluster_cells.device_only("random:6")
+
+
+def _records(folder, rank, step_ms):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"rank{rank}.jsonl"), "w") as f:
+        for i, ms in enumerate(step_ms):
+            f.write(json.dumps({"step": i, "step_ms": ms}) + "\n")
+
+
+def test_median_step_and_comm_fraction(tmp_path):
+    _records(tmp_path, 0, [5000, 900, 100, 300, 200])
+    _records(tmp_path, 1, [4000, 800, 400, 500])
+    assert cluster_cells.median_step_ms(str(tmp_path)) == 300  # 100, 200, 300, 400, 500: the first 2 of each left out
+    assert cluster_cells.comm_fraction(1000.0, 400.0) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="must be > 0"):
+        cluster_cells.comm_fraction(0.0, 1.0)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no step records"):
+        cluster_cells.median_step_ms(str(empty))
+
+
+def test_prepare_calibrates_with_the_candidate_then_runs_bsp_shaped_and_unshaped(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_calibrate(hosts, slots, link, job, out_dir, candidates, host_links, timeout_s, log, host_slots):
+        calls.append(("calibrate", hosts, slots, link, tuple(job)))
+        return {"dilation": 60.0, "trials": []}
+
+    def fake_trial(spec, job, out, timeout_s):
+        calls.append(("trial", spec.link, spec.dilation, spec.host_links, job[job.index("--protocol") + 1]))
+        _records(out, 0, [1, 1, 600, 600] if spec.link == UNSHAPED else [1, 1, 1000, 1000, 1000])
+        return {"ok": True, "overrun_fraction": 0.0}
+
+    monkeypatch.setattr(cluster_cells._calibrate, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cluster_cells._calibrate, "trial", fake_trial)
+    spec = ClusterSpec(hosts=4, slots=2, link="10gbit", host_links=(("h2", "2.5gbit"),))
+    cell = matrix.Cell("mnist", "device:10+random:6", np=8, protocols=("bsp", "rna(probes=2)"), cluster=spec,
+                       model="wide")
+    job = ["-m", "hetsync.bench.job", "--dataset", "digits", "--epochs", "3", "--model", "wide"]
+    cache = {}
+    got = cluster_cells.prepare(cell, job, str(tmp_path / "a"), cache, log=lambda m: None)
+    assert got["dilation"] == 60.0 and got["comm_fraction"] == pytest.approx(0.4)
+    assert got["shaped_step_ms"] == 1000 and got["unshaped_step_ms"] == 600 and got["calibrated_with"] == "rna(probes=2)"
+    kind, hosts, slots, link, argv = calls[0]
+    assert (kind, hosts, slots, link) == ("calibrate", 4, 2, "10gbit") and argv[:2] == ("--dataset", "digits")
+    assert argv[argv.index("--slowdown") + 1] == "device:10" and argv[argv.index("--epochs") + 1] == "1"
+    assert argv[argv.index("--protocol") + 1] == "rna" and argv[-2:] == ("--protocol-arg", "probes=2")
+    assert calls[1] == ("trial", "10gbit", 60.0, (("h2", "2.5gbit"),), "bsp")  # the cell's own links
+    assert calls[2] == ("trial", UNSHAPED, 60.0, (), "bsp")
+    # another cell on the same cluster, model, device and candidate: no second calibration
+    other = matrix.Cell("mnist", "device:10+random:3", np=8, protocols=("rna(probes=2)",), cluster=spec, model="wide")
+    assert cluster_cells.prepare(other, job, str(tmp_path / "b"), cache, log=lambda m: None) is got
+    assert len(calls) == 3
+
+
+def test_the_cluster_preset_plans_exactly_its_variants_and_launches_on_the_cluster(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_DATA_DIR", str(tmp_path))  # the mnist cells' folder (not read here)
+    preset = matrix.PRESETS["cluster"]
+    preset.validate()
+    order = matrix.plan(preset, ["bsp", "rna", "rnah", "shat"])
+    assert len(order) == 18 and {s for s, _, _ in order} == {0, 1, 2}
+    by_cell = {}
+    for _, cell, proto in order:
+        by_cell.setdefault(cell.key, set()).add(proto)
+    assert by_cell == {
+        "np8:mnist/device:10+random:6@4x2/10gbit[wide]": {"bsp", "rna"},
+        "np8:mnist/device:10+random:6@h0:2,h1:2,h2:2,h3:1,h4:1/10gbit,h2=2.5gbit[wide]":
+            {"rna", "rnah(groups=host;servers=2)"},
+        "np8:digits/device:10@h0:2,h1:2,h2:2,h3:1,h4:1/1gbit[wide]":
+            {"shat(sharding=layer;servers=2)", "shat(sharding=memory;servers=2)"}}
+    assert len(matrix.plan(preset, ["bsp", "rna"])) == 9  # filtered by the variants' protocol names
+    cell = next(c for c in preset.cells if c.protocols[0] == "rna")
+    cmd = matrix.launch_command(preset, 1, cell, "rnah(groups=host;servers=2)", "/tmp/x", ("timeout_s=60",),
+                                dilation=30.0)
+    assert cmd[1:4] == ["-m", "hetsync.emulation.cluster", "run"]
+    text = " ".join(cmd)
+    assert "--dilation 30 " in text and "--host-slots h3=1 --host-slots h4=1" in text
+    assert "--host-link h2=2.5gbit" in text and "--record /tmp/x/cluster.json" in text
+    assert "-np {np} -H {hosts}" in text and "--model wide" in text and "--protocol rnah " in text
+    assert text.endswith("--protocol-arg groups=host --protocol-arg servers=2 --protocol-arg timeout_s=60")
+
+
+def test_a_cluster_cell_whose_ranks_do_not_match_its_cluster_is_refused():
+    spec = ClusterSpec(hosts=2, slots=2)
+    bad = matrix.Cell("digits", "device:10", np=8, protocols=("bsp",), cluster=spec)
+    preset = matrix.Preset("x", np=8, cells=(bad,), seeds=(0,), epochs={"digits": 1})
+    with pytest.raises(ValueError, match="its cluster runs 4 ranks, the cell 8"):
+        preset.validate()
+    nodev = matrix.Cell("digits", "random:6", np=4, protocols=("bsp",), cluster=spec)
+    with pytest.raises(ValueError, match="needs an emulated device"):
+        matrix.Preset("x", np=4, cells=(nodev,), seeds=(0,), epochs={"digits": 1}).validate()
