@@ -14,7 +14,9 @@ and in total (every rank's images over the slowest rank's time), from the steps 
 ``--out FILE`` writes the report as JSON (rank 0): ``model``, ``protocol``, ``world_size``,
 ``data``, ``images_per_s_per_rank`` (list), ``images_per_s_total`` (every rank's images over the slowest rank's
 timed seconds), ``images_per_rank`` and ``seconds_per_rank`` (lists), ``step_ms_median_per_rank``,
-``timed_steps``, ``loss_first``, ``loss_last``, ``weights_max_abs_diff`` and ``params``.
+``timed_steps``, ``loss_first``, ``loss_last``, ``weights_max_abs_diff``, ``params``, and over the timed steps
+of every rank ``emulated_steps`` and ``overrun_steps`` (steps padded to an emulated device time, and those
+whose compute took longer) with the run's time dilation ``dilation``.
 """
 import argparse
 import json
@@ -110,6 +112,7 @@ class ImageRate(keras.callbacks.Callback):
         super().__init__()
         self.protocol, self.warmup = protocol, warmup
         self.step, self.images, self.seconds, self.step_ms, self.losses = 0, 0, 0.0, [], []
+        self.emulated, self.overruns = 0, 0  # timed steps padded to an emulated device time, and those that overran
 
     def on_train_batch_begin(self, batch, logs=None):
         self._t = time.perf_counter()
@@ -124,6 +127,9 @@ class ImageRate(keras.callbacks.Callback):
             self.images += int(self._m)
             self.seconds += dt
             self.step_ms.append(dt * 1e3)
+            stats = self.protocol.step_stats()
+            self.emulated += int(stats.get("emulated_ms", 0.0) > 0)
+            self.overruns += int(stats.get("overrun", 0.0) > 0)
         self.step += 1
 
 
@@ -150,7 +156,7 @@ def main(argv=None):
     model.fit(**data, epochs=args.epochs, verbose=0,
               callbacks=[slowdown] + hetsync.callbacks.standard(opt) + [rate])  # hetsync
 
-    mine = {"images": rate.images, "seconds": rate.seconds,
+    mine = {"images": rate.images, "seconds": rate.seconds, "emulated": rate.emulated, "overruns": rate.overruns,
             "step_ms_median": float(np.median(rate.step_ms)) if rate.step_ms else None}
     rows = hetsync.transport.allgather_object(mine, name="images_per_s")
     diff = hetsync.transport.max_abs_difference_across_ranks(model.trainable_variables)
@@ -162,7 +168,9 @@ def main(argv=None):
               "images_per_rank": [r["images"] for r in rows], "seconds_per_rank": [r["seconds"] for r in rows],
               "step_ms_median_per_rank": [r["step_ms_median"] for r in rows],
               "timed_steps": rate.step - args.warmup_steps, "loss_first": rate.losses[0], "loss_last": rate.losses[-1],
-              "weights_max_abs_diff": float(diff), "params": int(model.count_params())}
+              "weights_max_abs_diff": float(diff), "params": int(model.count_params()),
+              "emulated_steps": sum(r["emulated"] for r in rows), "overrun_steps": sum(r["overruns"] for r in rows),
+              "dilation": hetsync.world.dilation()}
     if rank == 0:
         print(f"{args.model} ({report['params']:,} parameters), {args.protocol}, {size} ranks, {args.data} "
               f"{args.image_size}x{args.image_size}, batch {args.batch_size} per rank")

@@ -52,9 +52,10 @@ def dilation():
 
     Under dilation the emulated cluster runs D times slower than the cluster it stands for: emulated
     device times, added latencies and fault times are D times longer (:class:`hetsync.callbacks.Slowdown`),
-    links are shaped to rate / D (``hetsync-cluster run --dilation D`` sets both), and every timeout of a
-    wait is D times longer (:func:`dilated`), so a machine too small to keep up in real time still
-    emulates the same cluster. Host-side Python is not dilated.
+    links are shaped to rate / D (``hetsync-cluster run --dilation D`` sets both), every timeout of a
+    wait and every host-side idle wait (the point-to-point receive thread's sleep, RNA's round loop) is D
+    times longer (:func:`dilated`), so a machine too small to keep up in real time still emulates the
+    same cluster. Host-side Python's work is not dilated.
 
     Raises:
         ValueError: the variable holds something other than a finite number >= 1 (names the value).

@@ -50,7 +50,9 @@ def dispatcher(timeout_s=None):
             world.require_mpi("point-to-point messaging (hetsync.transport.dispatcher)")
             from hetsync.transport.p2p import Dispatcher
 
-            d = Dispatcher(_duplicate_world(timeout_s))
+            # the receive thread's idle sleep is a host-side latency of the emulated cluster: D times longer
+            # under a time dilation D (the same emulated latency, D times fewer wake-ups on shared cores)
+            d = Dispatcher(_duplicate_world(timeout_s), poll_s=world.dilated(_poll_s()))
             _state["pending"] = None
             _state["dispatcher"] = d
             world.register_shutdown(shutdown)  # hetsync.shutdown() counts what is in flight

@@ -123,6 +123,31 @@ def test_time_dilation_scales_every_emulated_time_and_every_timeout(monkeypatch)
     assert stamped["1fired"] and not stamped["3fired"]
 
 
+def test_host_side_idle_waits_scale_with_the_dilation(monkeypatch):
+    """The point-to-point receive thread's idle sleep and RNA's round-loop idle wait are latencies of the
+    emulated cluster: D times longer under HETSYNC_DILATION=D (D times fewer wake-ups on shared cores)."""
+    from hetsync import world
+    from hetsync.protocols.rna.control import RoundLoop
+    from hetsync.transport import endpoint, p2p
+
+    made = []
+
+    class FakeDispatcher:
+        def __init__(self, comm, poll_s=p2p.POLL_S):
+            made.append(poll_s)
+
+    monkeypatch.setattr(p2p, "Dispatcher", FakeDispatcher)
+    monkeypatch.setattr(endpoint, "_duplicate_world", lambda timeout_s: object())
+    monkeypatch.setattr(world, "require_mpi", lambda what: None)
+    monkeypatch.setattr(world, "register_shutdown", lambda fn: None)
+    monkeypatch.setitem(endpoint._state, "dispatcher", None)
+    monkeypatch.setenv("HETSYNC_DILATION", "4")
+    endpoint.dispatcher()
+    assert made == [4 * p2p.POLL_S]
+    loop = RoundLoop(None, 0, None, None, timeout_s=10.0, poll_ms=1.0)
+    assert loop.poll_ms == 4.0 and loop.timeout_s == 40.0
+
+
 class _Var:
     def assign(self, value):
         self.value = value

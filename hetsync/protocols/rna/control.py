@@ -179,7 +179,8 @@ class RoundLoop:
     def __init__(self, p2p, rank, controller, participant, timeout_s, poll_ms, controller_rank=CONTROLLER_RANK):
         self.p2p, self.rank, self.ctl, self.part = p2p, rank, controller, participant
         self.controller_rank = int(controller_rank)
-        self.timeout_s, self.poll_ms = world.dilated(float(timeout_s)), float(poll_ms)  # wall seconds
+        # wall time of this run: the timeout and the idle wait are both D times longer under a dilation D
+        self.timeout_s, self.poll_ms = world.dilated(float(timeout_s)), world.dilated(float(poll_ms))
         self.probes_answered = self.probes_expired = 0
         self.final_reason = None
         self.error = None
