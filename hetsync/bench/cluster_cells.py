@@ -244,15 +244,15 @@ def pair_ratios(runs, cells):
 
 def pair_table(rows):
     """Markdown table (str) of :func:`pair_ratios`' rows: the candidate's gains, median over seeds."""
-    def f(v, fmt="{:.2f}"):
-        return "-" if v is None else fmt.format(v)
+    def f(v, fmt="{:.2f}", unit=""):
+        return "-" if v is None else fmt.format(v) + unit
 
     lines = ["| cell | candidate vs reference | time to target | samples to target | samples/s | comm_fraction "
              "| D | max overrun |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['cell']}` | {r['candidate']} vs {r['reference']} | "
-                     f"{f(r['time_to_target_s_ratio_median'])}x | {f(r['samples_to_target_ratio_median'])}x | "
-                     f"{f(r['samples_per_s_ratio_median'])}x | {f(r['comm_fraction'])} | {f(r['dilation'], '{:g}')} | "
+                     f"{f(r['time_to_target_s_ratio_median'], unit='x')} | {f(r['samples_to_target_ratio_median'], unit='x')} | "
+                     f"{f(r['samples_per_s_ratio_median'], unit='x')} | {f(r['comm_fraction'])} | {f(r['dilation'], '{:g}')} | "
                      f"{f(r['overrun_fraction_max'], '{:.1%}')} |")
     return "\n".join(lines)
 

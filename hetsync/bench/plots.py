@@ -32,7 +32,7 @@ def _colors(protocols):
 def accuracy_plot(results, path):
     """Write the accuracy-vs-wall-clock figure of every cell to ``path`` (PNG). Returns ``path``."""
     cells = list(dict.fromkeys(r["cell"] for r in results["runs"]))
-    colors = _colors(results["protocols"])
+    colors = _colors(list(dict.fromkeys(list(results["protocols"]) + [r["protocol"] for r in results["runs"]])))  # variants too
     ncols = 2 if len(cells) > 1 else 1
     nrows = (len(cells) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 3.6 * nrows), squeeze=False)

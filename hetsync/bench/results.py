@@ -139,7 +139,7 @@ def _stats(values):
 
 AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "bsp_expected_efficiency_analytic", "speedup_time_to_target",
                         "samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio", "step_ms_ratio",
-                        "accuracy_delta", "statistical_efficiency", "heterogeneity_tax")
+                        "accuracy_delta", "statistical_efficiency", "heterogeneity_tax", "comm_fraction", "dilation")
 
 
 def aggregate(runs):

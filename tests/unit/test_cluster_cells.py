@@ -119,3 +119,23 @@ def test_a_cluster_cell_whose_ranks_do_not_match_its_cluster_is_refused():
     nodev = matrix.Cell("digits", "random:6", np=4, protocols=("bsp",), cluster=spec)
     with pytest.raises(ValueError, match="needs an emulated device"):
         matrix.Preset("x", np=4, cells=(nodev,), seeds=(0,), epochs={"digits": 1}).validate()
+
+
+def test_pairs_put_each_cells_candidate_against_its_reference_seed_by_seed():
+    spec = ClusterSpec(hosts=4, slots=2, link="10gbit")
+    cell = matrix.Cell("mnist", "device:10+random:6", np=8, protocols=("bsp", "rna"), cluster=spec, model="wide")
+    runs = []
+    for seed, (tb, tr) in enumerate(((100.0, 50.0), (60.0, 62.0), (80.0, None))):
+        runs.append({"cell": cell.key, "protocol": "bsp", "seed": seed, "status": "ok", "time_to_target_s": tb,
+                     "samples_to_target": 6000, "samples_per_s": 60.0, "comm_fraction": 0.5, "dilation": 60.0,
+                     "overrun_fraction": 0.0})
+        runs.append({"cell": cell.key, "protocol": "rna", "seed": seed, "status": "ok", "time_to_target_s": tr,
+                     "samples_to_target": 12000 if tr else None, "samples_per_s": 240.0, "comm_fraction": 0.5,
+                     "dilation": 60.0, "overrun_fraction": 0.002})
+    (row,) = cluster_cells.pair_ratios(runs, [cell, matrix.Cell("digits", "device:10")])
+    assert row["time_to_target_s_ratio"] == {0: 2.0, 1: 60.0 / 62.0, 2: None}
+    assert row["time_to_target_s_ratio_median"] == pytest.approx((2.0 + 60.0 / 62.0) / 2)
+    assert row["samples_to_target_ratio_median"] == 0.5 and row["samples_per_s_ratio_median"] == 4.0
+    assert row["overrun_fraction_max"] == 0.002 and row["comm_fraction"] == 0.5 and row["dilation"] == 60.0
+    table = cluster_cells.pair_table([row])
+    assert "| rna vs bsp | 1.48x | 0.50x | 4.00x | 0.50 | 60 | 0.2% |" in table
