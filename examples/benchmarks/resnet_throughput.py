@@ -18,9 +18,9 @@ step's compute-to-communication ratio (profile step time over the ring allreduce
 2 (H - 1) / H x gradient bytes x 8 / rate for H hosts). Steps whose compute overran the padded time are
 counted: 1% or more and the cell is not evidence (raise D).
 
-Command line (from a checkout: the script lives in ``examples/``)::
+Command line (from a checkout)::
 
-    python -m hetsync.bench.throughput --hosts 4 --slots 2 --link 25gbit --profile v100-16g-resnet50-fp32 \\
+    python examples/benchmarks/resnet_throughput.py --hosts 4 --slots 2 --link 25gbit --profile v100-16g-resnet50-fp32 \\
         --dilation 40 --steps 8 --out runs/throughput
 """
 import argparse
@@ -36,8 +36,8 @@ from hetsync.emulation.cluster.spec import ClusterSpec, parse_rate
 
 __all__ = ["SCRIPT", "ring_allreduce_s", "figures", "run_cell", "main"]
 
-#: the model-zoo example this cell launches.
-SCRIPT = os.path.join(launch.ROOT, "examples", "keras_applications.py")
+#: the model-zoo example this cell launches (beside this folder, in a checkout).
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_applications.py")
 
 
 def ring_allreduce_s(nbytes, hosts, rate_bps):
@@ -103,7 +103,7 @@ def run_cell(hosts, slots, link, profile_name, dilation, steps, out_dir, image_s
     profile = profiles.device(profile_name)
     rate = parse_rate(link)
     if not os.path.isfile(SCRIPT):
-        raise FileNotFoundError(f"{SCRIPT} not found: the throughput cell runs the model-zoo example of a checkout")
+        raise FileNotFoundError(f"{SCRIPT} not found: the throughput cell runs the model-zoo example beside it")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
     reports = {}
@@ -136,7 +136,7 @@ def run_cell(hosts, slots, link, profile_name, dilation, steps, out_dir, image_s
 
 def main(argv=None):
     """The command line (see the module docstring); prints the figures as JSON, returns 0 (1 on a failed launch)."""
-    p = argparse.ArgumentParser(prog="python -m hetsync.bench.throughput", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="resnet_throughput.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--slots", type=int, default=2)
