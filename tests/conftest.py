@@ -221,6 +221,8 @@ SLOW_TESTS = (
     "tests/mp/test_emulated_device_mp.py::test_no_device_part_keeps_todays_behaviour",
     "tests/mp/test_faults_mp.py::test_pause_and_stall_fire_and_the_run_completes[[]stall]",
     "tests/mp/test_faults_mp.py::test_a_stall_of_a_parameter_server_is_refused",
+    "tests/mp/test_faults_mp.py::test_a_paused_parameter_server_resumes_and_the_run_completes",
+    "tests/mp/test_ps_mp.py::test_more_servers_than_variables_fails_at_train_begin_on_every_rank",  # unit: the check
     "tests/mp/test_hop_mp.py::test_hop_trains_digits_on_four_ranks_with_backup_workers",
     "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]localsgd-*]",
     "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]asp-*]",

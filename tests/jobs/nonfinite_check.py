@@ -49,9 +49,13 @@ def weights_finite():
 
 
 def record(step, error=None):
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    # written to a temporary file and renamed: a rank ended by another rank's MPI_Abort in the middle of
+    # a write leaves its previous record, never an empty file
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({"rank": rank, "step": step, "finite": weights_finite(), "error": error,
                    "nonfinite_dropped": proto.step_stats().get("nonfinite_dropped")}, f)
+    os.replace(path + ".tmp", path)
 
 
 class Poison(keras.callbacks.Callback):
