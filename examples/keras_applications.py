@@ -21,15 +21,18 @@ whose compute took longer) with the run's time dilation ``dilation``.
 import argparse
 import json
 import os
+import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import hetsync
+
+# optional: hide TensorFlow's start-up lines (--verbose or HETSYNC_VERBOSE=1 keeps them); before it is imported
+hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import hetsync  # noqa: E402
 
 
 def application_names():
@@ -63,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--slowdown", default="none", help="straggler scenario, e.g. random:6 or device:40+random:6")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON report (rank 0)")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     args = p.parse_args(argv)
     if args.model not in application_names():
         p.error(f"--model {args.model!r} is not in keras.applications; choose one of: {', '.join(application_names())}")

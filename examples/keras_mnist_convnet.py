@@ -2,7 +2,7 @@
 
 A user's own script: its own ``tf.data`` input pipeline, ``keras.optimizers.Adam``,
 ``BatchNormalization``, validation, ``ModelCheckpoint`` and TensorBoard. The lines that differ from
-the single-process script are marked ``# hetsync`` (README, "Coming from horovod"):
+the single-process script are marked ``# hetsync`` (documentation, "Coming from horovod"):
 
 1. ``hetsync.init()``;
 2. the optimizer is wrapped with a protocol;
@@ -25,16 +25,19 @@ for a JSON report written by rank 0).
 import argparse
 import json
 import os
+import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import hetsync
+
+# optional: hide TensorFlow's start-up lines (--verbose or HETSYNC_VERBOSE=1 keeps them); before it is imported
+hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
-import hetsync  # noqa: E402
 
 def parse_args(argv=None):
     """Command line (argparse); every value is checked before training starts."""
@@ -58,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None, help="ModelCheckpoint and TensorBoard on rank 0 here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON report written by rank 0")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size", "steps_per_execution"):
         if getattr(args, name) < 1:

@@ -19,13 +19,16 @@ the sample pool), ``hetsync.emulation`` (heterogeneity scenarios, faults), ``het
 benchmarks).
 
 Importing hetsync loads no TensorFlow and changes no process-wide setting: names are resolved on
-first use, and ``init()`` sets horovod's stall timeout and OpenMPI's yield when oversubscribed.
+first use, and ``init()`` sets horovod's stall timeout and OpenMPI's yield when oversubscribed, and
+reports an uncaught non-finite stop in one line. ``hetsync.quiet_startup()``, called by a script before
+it imports TensorFlow, hides TensorFlow's start-up lines (``HETSYNC_VERBOSE=1`` keeps them).
 """
 import importlib
 
 __version__ = "0.1.0"
 
-_WORLD = ("init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown")
+_WORLD = ("init", "rank", "size", "local_rank", "local_size", "launch_mode", "mpi_enabled", "shutdown",
+          "quiet_startup")
 _ROLES = ("num_workers", "num_servers", "is_server", "worker_rank", "role")
 _PROTOCOLS = ("BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
               "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP", "HierarchicalRNA", "load_model")

@@ -10,15 +10,17 @@ Bad arguments are refused with the built-in ``ValueError`` / ``TypeError`` befor
 starts (their messages name the value and what is allowed); the classes here are for failures
 during a run.
 """
+import re
 
 __all__ = [
     "HetsyncError", "NONFINITE_MARK", "NonFiniteError", "OpLibraryError", "TransportError", "TransportTimeout",
     "DataError", "PoolError", "RNAError", "RNAHError", "HopError", "PSError", "SoloError", "ClusterError",
 ]
 
-#: the text every non-finite stop's message starts with (in the compiled step it is inside
-#: TensorFlow's ``InvalidArgumentError`` message; eagerly it is a :class:`NonFiniteError`). An MPI
-#: launch ends the whole job when a rank dies of an exception carrying it.
+#: the text every non-finite stop's message starts with. Inside the compiled step the stop is raised
+#: by an assert op, so TensorFlow's ``InvalidArgumentError`` carries it; hetsync's callbacks re-raise
+#: that as a :class:`NonFiniteError` with the clean message (:meth:`NonFiniteError.from_exception`).
+#: An MPI launch ends the whole job when a rank dies of an exception carrying it.
 NONFINITE_MARK = "hetsync non-finite stop"
 
 
@@ -29,11 +31,52 @@ class HetsyncError(Exception):
 class NonFiniteError(HetsyncError, FloatingPointError):
     """A non-finite value (NaN or inf) stopped training before it left this rank.
 
-    Raised eagerly (between steps, at train end, by a communication thread); the same stop inside
-    the compiled step is TensorFlow's ``InvalidArgumentError`` with the same message, starting with
-    :data:`NONFINITE_MARK` and naming the rank(s), the step and the protocol. The held-back values
-    are counted in the ``nonfinite_dropped`` statistic.
+    ``model.fit`` raises it (``except hetsync.errors.NonFiniteError`` works in a script): eagerly
+    (between steps, at train end, by a communication thread, for a non-finite loss), and for the
+    stop inside the compiled step too, where TensorFlow raises an ``InvalidArgumentError`` that
+    :class:`hetsync.callbacks.ProtocolHooks` re-raises as this class with the clean message
+    (``from None``: TensorFlow's error stays in ``__context__``). The message starts with
+    :data:`NONFINITE_MARK` and names the rank(s), the step and the protocol. The held-back values are
+    counted in the ``nonfinite_dropped`` statistic.
+
+    When a process dies of it after :func:`hetsync.init`, it prints this message as one line (no
+    traceback; ``HETSYNC_VERBOSE=1`` prints the full tracebacks, TensorFlow's included) and, under an
+    MPI launch of more than one rank, ends the whole job with a non-zero exit status.
     """
+
+    @classmethod
+    def from_exception(cls, exc):
+        """hetsync's non-finite stop carried by another exception, as a :class:`NonFiniteError`.
+
+        Takes the message from TensorFlow's wrapping of an assert op's data: the compiled step's
+        ``"assertion failed: [MESSAGE]"`` followed by graph-node lines, or an eager assert's
+        ``"Summarized data: b'MESSAGE'"``; the message runs from :data:`NONFINITE_MARK` to the end
+        of its line, with the wrapping's closing bracket or quote and its escapes removed.
+
+        Args:
+            exc: BaseException (typically ``tf.errors.InvalidArgumentError``).
+
+        Returns:
+            ``exc`` itself if it is a :class:`NonFiniteError`; a new :class:`NonFiniteError` whose
+            message starts with :data:`NONFINITE_MARK` if ``str(exc)`` contains it; else None.
+
+        Raises:
+            nothing.
+        """
+        if isinstance(exc, cls):
+            return exc
+        text = str(exc)
+        start = text.find(NONFINITE_MARK)
+        if start < 0:
+            return None
+        message, before = text[start:].split("\n", 1)[0].rstrip(), text[:start]
+        for opening, closing in (("[", "]"), ("b'", "'"), ('b"', '"')):
+            if before.endswith(opening) and message.endswith(closing):
+                message = message[:-len(closing)]
+                break
+        # the assert op's printing (C-style) and Python's bytes repr escape quotes and backslashes
+        message = re.sub(r"\\([\\'\"])", r"\1", message)
+        return cls(message)
 
 
 class OpLibraryError(HetsyncError, ImportError):

@@ -9,12 +9,20 @@
 * ``horovodrun --gloo`` (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` is set): horovod on Gloo; only
   collectives-only protocols (BSP, task allocation, SelSync, ...) are available.
 * a plain ``python script.py``: a world of one rank.
+
+:func:`quiet_startup` (called by the examples and the training job before they import TensorFlow)
+hides TensorFlow's start-up lines; ``HETSYNC_VERBOSE=1`` (:data:`VERBOSE_ENV`) keeps them.
 """
+import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
+import re
+import sys
 import threading
 
-from hetsync.errors import NONFINITE_MARK
+from hetsync.errors import NonFiniteError
 
 log = logging.getLogger("hetsync")
 
@@ -22,6 +30,7 @@ __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
     "register_shutdown", "dilation", "dilated", "DILATION_ENV", "host_name", "host_names", "HOST_ENVS",
+    "quiet_startup", "is_verbose", "VERBOSE_ENV", "QUIET_ENV",
 ]
 
 
@@ -33,6 +42,15 @@ DILATION_ENV = "HETSYNC_DILATION"
 #: where a launcher names the host it started a rank on, first match wins: horovodrun's Gloo mode, then
 #: OpenMPI's PMIx (the name given in ``-H``/the hostfile).
 HOST_ENVS = ("HOROVOD_HOSTNAME", "PMIX_HOSTNAME")
+
+#: the environment variable that keeps TensorFlow's start-up lines and prints full tracebacks: ``1`` (also
+#: ``true``, ``yes``, ``on``). The ``--verbose`` flag of the examples and of the training job sets it.
+VERBOSE_ENV = "HETSYNC_VERBOSE"
+#: what :func:`quiet_startup` puts in the environment, each variable only where it is unset: TensorFlow's
+#: C++ log level 2 (errors only), which hides its INFO and WARNING lines (the CPU-instructions notice,
+#: cuda and TensorRT notices, data-pipeline notes) and, with them, absl's "All log messages before
+#: absl::InitializeLog() ..." line.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 _lock = threading.Lock()
 _state = {"mode": None}
@@ -84,6 +102,11 @@ def dilated(seconds):
 def init(collective_timeout_s=None):
     """Initialise horovod (and mpi4py under an MPI launch). Idempotent.
 
+    Also installs a ``sys.excepthook``: a process that dies of a non-finite stop
+    (:class:`hetsync.errors.NonFiniteError`) prints hetsync's message as one line, without a traceback
+    unless ``HETSYNC_VERBOSE=1``, and under an MPI launch its rank ends the whole job (exit status
+    non-zero); other exceptions keep Python's handling.
+
     Args:
         collective_timeout_s: seconds (int > 0) after which a collective that some ranks never
             join makes horovod shut the job down with a stall error instead of hanging.
@@ -122,10 +145,11 @@ def init(collective_timeout_s=None):
                 raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
                                    "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
             hvd.init(comm=world)
-            # a rank stopped by a non-finite value ends the job (exit status non-zero)
-            _abort_job_on(NONFINITE_MARK)
         else:
             hvd.init()
+        # a process that dies of a non-finite stop prints hetsync's one-line message; under MPI the
+        # stopped rank ends the whole job (exit status non-zero)
+        _install_excepthook(abort_job=mode == "mpi")
         _state["mode"] = mode
         return mode
 
@@ -282,36 +306,206 @@ def _init_mpi_world():
     return MPI.COMM_WORLD
 
 
-def _abort_job_on(marker, grace_s=1.0):
-    """End the whole MPI job when this rank dies of an uncaught exception whose text contains ``marker``.
+def _install_excepthook(abort_job, grace_s=1.0):
+    """Report an uncaught non-finite stop in one line and, under MPI, end the whole job. Idempotent.
 
-    Installs a ``sys.excepthook`` that prints the traceback as usual, waits ``grace_s`` seconds (so
-    that ranks stopping for the same reason print their own error first), then calls
-    ``MPI_Abort(COMM_WORLD, 1)``: ``mpirun`` ends every rank and the job's exit status is non-zero.
-    Without it, a rank that dies while a communication thread (RNA's rounds, the point-to-point
-    dispatcher) is still running can hang in MPI's finalisation, and the other ranks wait for it.
-    Used for the non-finite stop (:data:`hetsync.errors.NONFINITE_MARK`); other
-    exceptions keep Python's default handling. Idempotent per marker.
+    Installs a ``sys.excepthook`` for exceptions that carry :data:`hetsync.errors.NONFINITE_MARK`
+    (a :class:`hetsync.errors.NonFiniteError`, or TensorFlow's error of a compiled step that no hetsync
+    callback translated): it prints hetsync's message (:meth:`NonFiniteError.from_exception`) as one
+    line on stderr, no traceback; with :func:`is_verbose` it prints the full tracebacks instead
+    (TensorFlow's error too, which the translation hid). Then, with ``abort_job`` in a world of more
+    than one rank, it waits ``grace_s`` seconds (so that ranks stopping for the same reason print
+    their own message first) and calls ``MPI_Abort(COMM_WORLD, 1)``: ``mpirun`` ends every rank and the
+    job's exit status is non-zero. Without it, a rank that dies while a communication thread (RNA's
+    rounds, the point-to-point dispatcher) is still running can hang in MPI's finalisation, and the
+    other ranks wait for it. Other exceptions keep the previous hook's handling (Python's traceback).
 
     Args:
-        marker: str looked for in ``str(exception)``. grace_s: float seconds >= 0.
+        abort_job: bool, end the MPI job (an MPI launch). grace_s: float seconds >= 0.
     """
-    import sys
-    import time
-
-    from mpi4py import MPI
-
     previous = sys.excepthook
-    if marker in getattr(previous, "hetsync_markers", ()):
+    if getattr(previous, "hetsync_nonfinite", False):
         return
 
     def hook(exc_type, exc, tb):
-        previous(exc_type, exc, tb)
-        if marker in str(exc) and MPI.COMM_WORLD.Get_size() > 1:
-            sys.stderr.flush()
-            sys.stdout.flush()
-            time.sleep(grace_s)
-            MPI.COMM_WORLD.Abort(1)
+        stop = NonFiniteError.from_exception(exc)
+        if stop is None:
+            previous(exc_type, exc, tb)
+            return
+        if is_verbose():
+            exc.__suppress_context__ = False  # the translated TensorFlow error's traceback too
+            previous(exc_type, exc, tb)
+        else:
+            sys.stderr.write(f"{stop}\n")
+        if abort_job:
+            import time
 
-    hook.hetsync_markers = tuple(getattr(previous, "hetsync_markers", ())) + (marker,)
+            from mpi4py import MPI
+
+            if MPI.COMM_WORLD.Get_size() > 1:
+                sys.stderr.flush()
+                sys.stdout.flush()
+                time.sleep(grace_s)
+                MPI.COMM_WORLD.Abort(1)
+
+    hook.hetsync_nonfinite = True
     sys.excepthook = hook
+
+
+# -- quiet start-up: TensorFlow's start-up lines, unless verbose -------------------------------------
+
+def is_verbose(environ=None):
+    """True when :data:`VERBOSE_ENV` (``HETSYNC_VERBOSE``) asks for TensorFlow's start-up lines and full tracebacks.
+
+    Args:
+        environ: mapping of str to str to read (None: ``os.environ``).
+
+    Returns:
+        bool: the variable holds ``1``, ``true``, ``yes`` or ``on`` (any case).
+
+    Raises:
+        nothing.
+    """
+    value = (os.environ if environ is None else environ).get(VERBOSE_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def quiet_startup(verbose=False):
+    """Hide TensorFlow's start-up lines in this process; call it before TensorFlow (or Keras) is imported.
+
+    Importing hetsync changes no process-wide setting; this call is what the examples, the training job
+    (``python -m hetsync.bench.job``) and the benchmark scripts make at their top. Unless verbose, it
+
+    * sets each variable of :data:`QUIET_ENV` that is unset (``os.environ.setdefault``: a value the user
+      set wins; launched processes inherit them): TensorFlow's C++ log level 2;
+    * filters the first ``import tensorflow``'s output on stderr (file descriptor 2), because some lines
+      are printed while TensorFlow's libraries load, before it applies the log level: oneDNN's "oneDNN
+      custom operations are on ..." and absl's "All log messages before absl::InitializeLog() ..." line.
+      Log lines below the level of ``TF_CPP_MIN_LOG_LEVEL`` (and the lines continuing them) are dropped,
+      everything else is written to stderr once the import is done (all of it if the import fails).
+      oneDNN itself is left as TensorFlow chose (``TF_ENABLE_ONEDNN_OPTS`` is not touched: numerics stay).
+      Not installed when TensorFlow is already imported or the level is 0.
+
+    Verbose (``verbose`` true, which sets ``HETSYNC_VERBOSE=1`` for this process and the processes it
+    launches, or :func:`is_verbose`) changes nothing else: every line is printed, and an uncaught
+    non-finite stop prints its full tracebacks.
+
+    Args:
+        verbose: bool, the script's ``--verbose`` flag.
+
+    Returns:
+        dict of str to str: the environment variables this call set (empty when verbose or already set).
+
+    Raises:
+        nothing.
+    """
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    if is_verbose():
+        return {}
+    changed = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+    os.environ.update(changed)
+    if ("tensorflow" not in sys.modules and _min_log_level() > 0
+            and not any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path)):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
+    return changed
+
+
+def _min_log_level():
+    """TensorFlow's C++ log level in this process's environment (int, 0 when unset or not a number)."""
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or 0)
+    except ValueError:
+        return 0
+
+
+#: a C++ log line's start, TensorFlow's own format (``2024-01-01 12:00:00.000000: I path.cc:12] ``) or absl's
+#: (``I0000 00:00:1700000000.000000   1234 path.cc:12] ``); the severity letter is group 1 or 2
+_LOG_LINE = re.compile(r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) \S+:\d+\] "
+                       r"|([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] )")
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+#: lines that start Python's own output (a traceback, a warning), never the continuation of a log line
+_PYTHON_LINE = re.compile(r"^(?:Traceback \(most recent call last\)|\S+:\d+: \w*(?:Warning|Error)\b)")
+
+
+def _drop_startup_lines(text, min_level):
+    """``text`` (captured stderr) without the log lines below ``min_level``, the lines continuing them (up to
+    the next log line or Python output) and absl's preamble line (str)."""
+    kept, dropping = [], False
+    for line in text.splitlines(keepends=True):
+        bare = line.rstrip("\r\n")
+        match = _LOG_LINE.match(bare)
+        if match:
+            dropping = _SEVERITY[match.group(1) or match.group(2)] < min_level
+        elif bare == _ABSL_PREAMBLE:
+            continue
+        elif not dropping or _PYTHON_LINE.match(bare):
+            dropping = False
+        if not dropping:
+            kept.append(line)
+    return "".join(kept)
+
+
+@contextlib.contextmanager
+def _startup_lines_filtered():
+    """Capture file descriptor 2 in a temporary file; on exit write it back, less the start-up lines
+    (:func:`_drop_startup_lines`; everything when the body raised)."""
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable stderr: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", "replace")
+            data = (text if failed else _drop_startup_lines(text, _min_log_level())).encode("utf-8")
+            while data:
+                data = data[os.write(2, data):]
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds ``tensorflow`` once, through the other finders, and has its loading filtered by
+    :func:`_startup_lines_filtered` (installed by :func:`quiet_startup`; removes itself on first use)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _FilteredLoader(spec.loader)
+        return spec
+
+
+class _FilteredLoader(importlib.abc.Loader):
+    """Runs a module's loader under :func:`_startup_lines_filtered`, then puts the real loader back on the module."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        try:
+            with _startup_lines_filtered():
+                self.loader.exec_module(module)
+        finally:
+            module.__loader__ = self.loader
+            if getattr(module, "__spec__", None) is not None:
+                module.__spec__.loader = self.loader

@@ -18,7 +18,7 @@ iteration rate; ``iterations_per_s_job`` is the step count over the job's wall t
 accuracy (from the end of the first step), final test accuracy, and the emulated steps that
 overran. Ratios are taken within one seed (runs side by side), then the median and range over seeds.
 
-Usage (the README's figures)::
+Usage (the Hop page's measured figures)::
 
     .venv/bin/python examples/benchmarks/hop_bench.py --out runs/hop_bench
 
@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from hetsync.bench import efficiency, launch, matrix  # noqa: E402
+import hetsync  # noqa: E402
 
 
 def variants(scenario, args):
@@ -149,6 +150,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="runs/hop_bench")
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     p.add_argument("--np", type=int, default=8, help="ranks")
     p.add_argument("--device", type=float, default=40.0, help="emulated device time per step (ms)")
     p.add_argument("--seeds", default="0,1,2")
@@ -222,4 +225,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     sys.exit(main())

@@ -52,6 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from hetsync.bench import launch, matrix  # noqa: E402
+import hetsync  # noqa: E402
 SUITES = ("accuracy", "straggler", "sharding", "ssp", "mixed")
 
 
@@ -169,6 +170,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="runs/ps_bench")
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     p.add_argument("--suites", default=",".join(SUITES))
     p.add_argument("--workers", type=int, default=8, help="workers W (servers are added on top)")
     p.add_argument("--device", type=float, default=40.0, help="emulated device time per step (ms)")
@@ -233,4 +236,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     sys.exit(main())

@@ -31,6 +31,7 @@ import subprocess
 import sys
 
 from hetsync.bench import launch
+import hetsync
 from hetsync.emulation import profiles
 from hetsync.emulation.cluster.spec import ClusterSpec, parse_rate
 
@@ -146,6 +147,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8, help="timed steps (2 more warm up)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch")
     p.add_argument("--out", default="runs/throughput")
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     a = p.parse_args(argv)
     try:
         ClusterSpec(hosts=a.hosts, slots=a.slots, link=a.link, dilation=a.dilation)
@@ -161,4 +164,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     sys.exit(main())

@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/benchmarks/rna_compare.py --slowdown random:6 --seeds 2 4 [example args...]
 
-The README's figures (4 ranks, ``random:6``, example CNN; ``MNIST_DIR`` is the folder of MNIST's IDX files):
+The RNA page's measured figures (4 ranks, ``random:6``, example CNN; ``MNIST_DIR`` is the folder of MNIST's IDX files):
 
     .venv/bin/python examples/benchmarks/rna_compare.py --seeds 2 4 6 --dataset mnist-idx \
         --data-dir MNIST_DIR --model cnn --epochs 10 --eval-every 10 \
@@ -35,6 +35,7 @@ from tabulate import tabulate
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from hetsync.bench import launch  # noqa: E402
+import hetsync  # noqa: E402
 
 
 def step_ms(out_dir, world):
@@ -70,6 +71,8 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[2, 4], help="one repeat per seed")
     p.add_argument("--rna-arg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/bench-rna")
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--also-targets", type=float, nargs="*", default=[],
                    help="further accuracies whose time-to ratios are read post hoc from the same runs' curves")
@@ -105,4 +108,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     sys.exit(main())

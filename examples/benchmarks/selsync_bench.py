@@ -12,7 +12,7 @@ shared, so read the ratios, and use ``--repeats`` for the timing suite.
         --eval-every 5   # the emulated cluster: 10 ms devices, 50 ms network latency
     .venv/bin/python examples/benchmarks/selsync_bench.py noniid --np 10 --epochs 30
 
-(the README's figures; ``MNIST_DIR`` is the folder of MNIST's IDX files).
+(the SelSync page's measured figures; ``MNIST_DIR`` is the folder of MNIST's IDX files).
 
 Suites:
   iid       BSP and SelSync delta in {0.1, 0.3, 0.5}: LSSR, final accuracy (target: LSSR >= 0.7 and
@@ -34,6 +34,7 @@ from tabulate import tabulate
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from hetsync.bench import launch  # noqa: E402
+import hetsync  # noqa: E402
 
 #: seconds one launched run may take before it is killed and the benchmark fails.
 RUN_TIMEOUT_S = 7200
@@ -169,10 +170,13 @@ def main(argv=None):
     p.add_argument("--beta", type=float, default=0.5)
     p.add_argument("--labels-per-rank", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     args = p.parse_args(argv)
     args.out = args.out or os.path.join(ROOT, "runs", f"selsync_{args.suite}_{args.dataset}")
     {"iid": iid, "netdelay": netdelay, "noniid": noniid}[args.suite](args)
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     main()

@@ -47,7 +47,7 @@ allocation vs adaptive under ``speeds:1,1,1,0.5``, and BSP vs adaptive with equa
 time = median epoch wall time on rank 0 over epochs ``--skip`` .. end).
 
 Usage: ``.venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/taskalloc_bench``
-(``--simulated 1.0`` for the simulated-device variant). The README's figures came from::
+(``--simulated 1.0`` for the simulated-device variant). The task allocation page's figures came from::
 
     .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta32 --np 4 --total 32 \
         --micro-batch 32 --epochs 10 --skip 3 --repeats 3
@@ -77,6 +77,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from hetsync import emulation as slowdown  # noqa: E402
 from hetsync.bench import efficiency, launch  # noqa: E402
+import hetsync  # noqa: E402
 
 PY = sys.executable
 
@@ -240,6 +241,8 @@ def run_simulated(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/taskalloc_bench")
+    p.add_argument("--verbose", action="store_true",
+                   help="the jobs keep TensorFlow's start-up lines and print full tracebacks (also HETSYNC_VERBOSE=1)")
     p.add_argument("--np", type=int, default=4, help="ranks (real-CPU mode); the last one runs at half speed")
     p.add_argument("--data-dir", default=os.environ.get("HETSYNC_DATA_DIR"), metavar="DIR",
                    help="folder of MNIST's IDX files (default: $HETSYNC_DATA_DIR)")
@@ -350,4 +353,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])  # the launched jobs inherit it
     sys.exit(main())

@@ -8,9 +8,10 @@ command line). A normal ``model.fit`` script; the hetsync lines are marked ``# h
 MNIST's IDX files come from ``--data-dir`` or the ``HETSYNC_DATA_DIR`` environment variable
 (:func:`hetsync.data.data_dir`), never from a path inside the checkout.
 
-Writes ``OUT/summary.json`` (see README; with ``samples_to_target``, ``samples_per_s_steady`` and
+Writes ``OUT/summary.json`` (fields: the first-run page of the documentation; with ``samples_to_target``, ``samples_per_s_steady`` and
 ``host_ms_median`` from :mod:`hetsync.bench.progress`), per-rank step records ``OUT/rank*.jsonl`` and
-TensorBoard scalars ``OUT/tensorboard``.
+TensorBoard scalars ``OUT/tensorboard``. TensorFlow's start-up lines are hidden
+(:func:`hetsync.world.quiet_startup`); ``--verbose`` or ``HETSYNC_VERBOSE=1`` keeps them.
 """
 import argparse
 import logging
@@ -18,13 +19,15 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import hetsync
+
+if __name__ == "__main__":  # python -m hetsync.bench.job: before TensorFlow is imported (--verbose keeps its lines)
+    hetsync.quiet_startup(verbose="--verbose" in sys.argv[1:])
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-import hetsync  # noqa: E402
 import hetsync.data.shards  # noqa: E402
 from hetsync.bench import progress  # noqa: E402
 
@@ -114,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--backup-every-s", type=float, default=None, metavar="S",
                    help="with --backup-dir: save at the first step boundary S seconds after the previous save")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up lines and print full "
+                   f"tracebacks (also {hetsync.world.VERBOSE_ENV}=1)")
     p.add_argument("--as-rank", type=int, default=None, metavar="R",
                    help="solo-speed measurement (one process, no launcher): train alone on rank R's data shard "
                         "with the scenario drawn as for rank R of --as-world-size ranks")
@@ -153,6 +158,8 @@ def main(argv=None, extra_callbacks=()):
         SystemExit: a bad argument (exit status 2, before any training), with its message.
     """
     args, parser = parse_args(argv)
+    if args.verbose:  # the start-up lines were decided before TensorFlow's import; this keeps full tracebacks
+        hetsync.quiet_startup(verbose=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", "1")))
     hetsync.init()  # hetsync

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 
+from hetsync import world
+
 __all__ = ["ROOT", "JOB", "mnist_dir", "job_env", "horovodrun", "mpirun", "on_cluster", "job_argv", "protocol_args",
            "dataset_args", "run", "CLUSTER_RECORD"]
 
@@ -45,9 +47,11 @@ def mnist_dir():
 def job_env(stall_shutdown_s=None):
     """The environment (dict of str) of a launched job.
 
-    One intra-op thread per rank (ranks share the machine's cores), TensorFlow's C++ log quiet, OpenMPI
-    allowed to run as root, this interpreter's ``bin/`` first on ``PATH`` (so ``horovodrun`` finds the
-    same Python) and :data:`ROOT` first on ``PYTHONPATH``.
+    One intra-op thread per rank (ranks share the machine's cores), TensorFlow's C++ log quiet
+    (:data:`hetsync.world.QUIET_ENV` where the caller's environment sets no value, unless
+    ``HETSYNC_VERBOSE=1``: :func:`hetsync.world.is_verbose`), OpenMPI allowed to run as root, this
+    interpreter's ``bin/`` first on ``PATH`` (so ``horovodrun`` finds the same Python) and :data:`ROOT`
+    first on ``PYTHONPATH``.
 
     Args:
         stall_shutdown_s: int seconds or None. When given, horovod's stall shutdown
@@ -60,10 +64,13 @@ def job_env(stall_shutdown_s=None):
     if stall_shutdown_s is not None and not stall_shutdown_s > 0:
         raise ValueError(f"stall_shutdown_s must be > 0 seconds or None, got {stall_shutdown_s!r}")
     env = dict(os.environ)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                 "TF_NUM_INTRAOP_THREADS": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
                 "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    if not world.is_verbose(env):
+        for name, value in world.QUIET_ENV.items():
+            env.setdefault(name, value)
     if stall_shutdown_s is not None:
         env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
     return env

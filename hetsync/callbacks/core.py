@@ -5,6 +5,7 @@ Typical use (two lines differ from a single-process script)::
     opt = hetsync.BSP(keras.optimizers.SGD(0.1))
     model.fit(x, y, callbacks=hetsync.callbacks.standard(opt) + [...])
 """
+import contextlib
 import dataclasses
 import logging
 import weakref
@@ -122,6 +123,13 @@ class ProtocolHooks(keras.callbacks.Callback):
     inf it raises :class:`hetsync.errors.NonFiniteError` naming the rank and the step (the
     loss of a step is Keras' running mean, so a non-finite one stays non-finite for the epoch).
 
+    A non-finite stop inside the compiled step (TensorFlow's ``InvalidArgumentError`` carrying
+    :data:`hetsync.errors.NONFINITE_MARK`) leaves ``model.fit`` as a :class:`hetsync.errors.NonFiniteError`
+    with hetsync's message (:meth:`~hetsync.errors.NonFiniteError.from_exception`), raised ``from None``:
+    at train begin this callback wraps the model's ``train_function`` (Keras makes it before
+    ``on_train_begin``; the wrapper stays, so ``train_on_batch`` raises the same), and the protocol's
+    hooks are translated alike. Other exceptions pass unchanged.
+
     Args:
         optimizer: an optimizer wrapped by a hetsync protocol.
 
@@ -134,16 +142,22 @@ class ProtocolHooks(keras.callbacks.Callback):
         self.protocol = protocol_of(optimizer)
 
     def on_train_begin(self, logs=None):
-        self.protocol.check_fit(self.model)
-        self.protocol.start()
-        if self.protocol.on_train_begin(self.model, dict(self.params or {})):
-            self.model.stop_training = True
+        train_function = getattr(self.model, "train_function", None)
+        if train_function is not None and not isinstance(train_function, _RaisingNonFinite):
+            self.model.train_function = _RaisingNonFinite(train_function)
+        with _nonfinite_raised():
+            self.protocol.check_fit(self.model)
+            self.protocol.start()
+            if self.protocol.on_train_begin(self.model, dict(self.params or {})):
+                self.model.stop_training = True
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.protocol.on_epoch_begin(epoch)
+        with _nonfinite_raised():
+            self.protocol.on_epoch_begin(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.protocol.on_train_batch_begin(batch)
+        with _nonfinite_raised():
+            self.protocol.on_train_batch_begin(batch)
 
     def on_train_batch_end(self, batch, logs=None):
         """Stop on a non-finite loss (a non-finite gradient already stopped the step), then the hook."""
@@ -152,21 +166,50 @@ class ProtocolHooks(keras.callbacks.Callback):
             raise NonFiniteError(f"{NONFINITE_MARK}: non-finite loss {float(loss)} on rank {world.rank()} at step "
                                  f"{int(self.protocol.optimizer.iterations.numpy()) - 1} (protocol "
                                  f"{self.protocol.display_name}), training stops")
-        if self.protocol.on_train_batch_end(batch, logs if logs is not None else {}):
-            self.model.stop_training = True
+        with _nonfinite_raised():
+            if self.protocol.on_train_batch_end(batch, logs if logs is not None else {}):
+                self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        self.protocol.on_epoch_end(epoch, logs if logs is not None else {})
+        with _nonfinite_raised():
+            self.protocol.on_epoch_end(epoch, logs if logs is not None else {})
 
     def on_train_end(self, logs=None):
         state = run_state(self.model)
         state.broadcast_done = False
-        self.protocol.stop()
-        self.protocol.on_train_end(self.model)
+        with _nonfinite_raised():
+            self.protocol.stop()
+            self.protocol.on_train_end(self.model)
         # then what must wait until every rank has stopped (hetsync.callbacks.checkpoint.BackupAndRestore's deletion)
         after, state.after_train = state.after_train, []
         for fn in after:
             fn()
+
+
+@contextlib.contextmanager
+def _nonfinite_raised():
+    """Re-raise an exception carrying hetsync's non-finite stop (TensorFlow's error of an assert op) as a
+    :class:`NonFiniteError` with the clean message, ``from None``; other exceptions pass unchanged."""
+    try:
+        yield
+    except NonFiniteError:
+        raise
+    except Exception as exc:
+        stop = NonFiniteError.from_exception(exc)
+        if stop is None:
+            raise
+        raise stop from None
+
+
+class _RaisingNonFinite:
+    """Keras' ``train_function``, a non-finite stop raised as :class:`NonFiniteError` (:func:`_nonfinite_raised`)."""
+
+    def __init__(self, train_function):
+        self.train_function = train_function
+
+    def __call__(self, *args, **kwargs):
+        with _nonfinite_raised():
+            return self.train_function(*args, **kwargs)
 
 
 def on_rank0(*callbacks):

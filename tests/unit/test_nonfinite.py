@@ -1,6 +1,8 @@
 """Issue 15, one process: a non-finite gradient stops training with the rank and the step named, and
 nothing non-finite leaves the rank (counted in ``nonfinite_dropped``); non-trainable float state is
 part of every parameter average. The multi-process behaviour is in test_nonfinite_mp.py."""
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -67,15 +69,25 @@ def _fit(opt, x, y, batchnorm=False):
 
 @pytest.mark.parametrize("wrapper", ["BSP", "LocalSGD", "SelSync"])
 def test_nan_gradient_stops_the_step_naming_rank_and_step(wrapper):
+    """The stop inside the compiled step leaves model.fit as hetsync's NonFiniteError with the clean message."""
     opt = getattr(hetsync, wrapper)(keras.optimizers.SGD(0.1))
     x, y = _data()
     model = _model(opt)
-    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+    with pytest.raises(hetsync.errors.NonFiniteError) as err:
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=hetsync.callbacks.standard(opt))
     msg = str(err.value)
-    assert NONFINITE_MARK in msg and f"at step {BAD_STEP}" in msg and opt.hetsync_protocol.display_name in msg
+    assert type(err.value) is NonFiniteError and isinstance(err.value, FloatingPointError)
+    assert msg.startswith(NONFINITE_MARK + ": non-finite "), msg
+    assert f"at step {BAD_STEP}" in msg and f"(protocol {opt.hetsync_protocol.display_name})" in msg
     assert ("rank 0" in msg) or ("rank(s) [0]" in msg), msg
+    # none of TensorFlow's wrapping: one line, no assert-op noise, no escaped quote
+    assert "\n" not in msg and "assertion failed" not in msg and "[[" not in msg and "node" not in msg, msg
+    assert "\\" not in msg and (msg.endswith("training stops") or msg.endswith("training stops on every rank")), msg
+    # raised from None: TensorFlow's error is kept as the context, not shown as the cause
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert isinstance(err.value.__context__, tf.errors.InvalidArgumentError)
+    assert NONFINITE_MARK in str(err.value.__context__)
     proto = opt.hetsync_protocol
     assert proto.step_stats()["nonfinite_dropped"] == 1.0
     # the bad step changed no weight: they equal a run of the BAD_STEP good steps alone
@@ -88,7 +100,7 @@ def test_nan_gradient_stops_the_step_naming_rank_and_step(wrapper):
 def test_nothing_is_sent_for_the_nonfinite_step():
     opt = hetsync.core.wrapper.wrap(keras.optimizers.SGD(0.1), _Recording())
     x, y = _data()
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"rank 0 at step {BAD_STEP}"):
+    with pytest.raises(NonFiniteError, match=f"rank 0 at step {BAD_STEP}"):
         _fit(opt, x, y)
     proto = opt.hetsync_protocol
     assert int(proto.sent.numpy()) == BAD_STEP  # the good steps only
@@ -173,3 +185,83 @@ def test_a_nonfinite_loss_with_finite_gradients_stops_after_its_step():
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=[Poison()] + hetsync.callbacks.standard(opt))
     assert opt.hetsync_protocol.step_stats()["nonfinite_dropped"] == 0.0  # the gradients were finite
+
+
+def test_a_users_except_clause_catches_the_stop_and_train_on_batch_raises_it_too():
+    """``except hetsync.errors.NonFiniteError`` in a script; Keras' train function stays wrapped (once) after fit."""
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    x, y = _data()
+    model = _model(opt)
+    caught = None
+    try:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    except hetsync.errors.NonFiniteError as exc:
+        caught = exc
+    assert caught is not None and str(caught).startswith(NONFINITE_MARK)
+    wrapped = model.train_function
+    bad = slice(BAD_STEP * BATCH, (BAD_STEP + 1) * BATCH)
+    with pytest.raises(NonFiniteError, match=r"^hetsync non-finite stop: non-finite values on rank\(s\) \[0\] at "):
+        model.train_on_batch(x[bad], y[bad])
+    # a finite fit after it: the wrapper is not wrapped again and passes results through
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    assert model.train_function is wrapped and not isinstance(wrapped.train_function, type(wrapped))
+
+
+def _assert_error(data, eager):
+    """TensorFlow's InvalidArgumentError of an assert op carrying ``data`` (eagerly, or in a tf.function)."""
+    def check(x):
+        message = tf.strings.format(data + " {}", tf.constant([1, 2]))
+        with tf.control_dependencies([tf.debugging.Assert(x > 0, [message])]):
+            return tf.identity(x)
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        (check if eager else tf.function(check))(tf.constant(0))
+    return err.value
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_from_exception_takes_the_clean_message_out_of_tensorflows_wrapping(eager):
+    text = NONFINITE_MARK + ": non-finite gradient on rank 1 at step 5 (protocol RNA); this step's gradients held"
+    tf_error = _assert_error(text, eager)
+    assert ("Summarized data" if eager else "assertion failed: [") in str(tf_error)
+    stop = NonFiniteError.from_exception(tf_error)
+    assert type(stop) is NonFiniteError and str(stop) == text + " [1 2]"
+    assert NonFiniteError.from_exception(stop) is stop
+    assert NonFiniteError.from_exception(ValueError("something else")) is None
+    assert NonFiniteError.from_exception(_assert_error("another assert", eager)) is None
+
+
+def test_an_uncaught_stop_prints_one_line_and_other_exceptions_keep_their_traceback(monkeypatch, capsys):
+    """hetsync.init()'s excepthook: a NonFiniteError (or TensorFlow's error carrying the mark) prints hetsync's
+    message as one line; HETSYNC_VERBOSE=1 prints the tracebacks, TensorFlow's included; others are untouched."""
+    from hetsync import world
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: seen.append((e, e.__suppress_context__)))
+    monkeypatch.delenv(world.VERBOSE_ENV, raising=False)
+    world._install_excepthook(abort_job=False)
+    hook = sys.excepthook
+    assert hook.hetsync_nonfinite
+    world._install_excepthook(abort_job=False)
+    assert sys.excepthook is hook  # idempotent
+
+    tf_error = _assert_error(NONFINITE_MARK + ": non-finite gradient on rank 0 at step 2 (protocol BSP)", eager=False)
+    try:
+        try:
+            raise tf_error
+        except tf.errors.InvalidArgumentError as exc:
+            raise NonFiniteError.from_exception(exc) from None  # as hetsync's callbacks do
+    except NonFiniteError as exc:
+        stop = exc
+    for exc in (stop, tf_error):
+        hook(type(exc), exc, exc.__traceback__)
+        assert capsys.readouterr().err == "hetsync non-finite stop: non-finite gradient on rank 0 at step 2 " \
+                                         "(protocol BSP) [1 2]\n"
+    assert seen == []
+    other = ValueError("not a stop")
+    hook(ValueError, other, None)
+    assert seen == [(other, False)] and capsys.readouterr().err == ""
+    monkeypatch.setenv(world.VERBOSE_ENV, "1")
+    hook(type(stop), stop, stop.__traceback__)
+    assert seen[-1] == (stop, False) and stop.__context__ is tf_error  # the previous hook prints both tracebacks
+    assert capsys.readouterr().err == ""
