@@ -26,12 +26,11 @@ EPOCHS ?= 16
 EVAL_EVERY ?= 4
 endif
 RUN_OUT ?= runs/main
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_NUM_INTRAOP_THREADS ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: deps run test test-full build clean bench bench-quick
+.PHONY: deps run test test-full build clean bench bench-quick docs
 deps: $(STAMP)
 
 # Idempotent: scripts/deps.sh checks before it acts; rerun when what it installs changes.
@@ -56,10 +55,11 @@ run: deps
 	$(PY) -m hetsync.bench.report $(RUN_OUT)
 
 # Benchmark suite (hetsync.bench): every registered protocol x scenarios x seeds, real horovodrun launches.
-# `bench` is the report (about 15 min on a quiet machine, see `--dry-run`; rewrites the README's Results
-# section); `bench-quick` a smoke check (about 4 min).
+# `bench` is the report: it writes its run into the documentation (docs/results/full.json, the results page;
+# its last duration is on the benchmarks page, from that file; `--dry-run` lists the plan); `bench-quick` a
+# smoke check.
 bench: deps
-	$(PY) -m hetsync.bench --preset full --update-readme --out runs/bench-full
+	$(PY) -m hetsync.bench --preset full --update-docs --out runs/bench-full
 
 bench-quick: deps
 	$(PY) -m hetsync.bench --preset quick --out runs/bench-quick
@@ -74,5 +74,10 @@ test: deps
 test-full: deps
 	PY=$(PY) bash scripts/test.sh full $(ARGS)
 
+# The documentation site: docs/ (Markdown, Sphinx with MyST and furo) -> site/ (open site/index.html).
+# Strict: a warning or a broken internal link fails the build.
+docs: deps
+	$(PY) -m sphinx -W --keep-going -q -b html docs site
+
 clean:
-	rm -rf build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops*_build.json runs .pytest_cache
+	rm -rf site build dist *.egg-info hetsync/_hetsync_ops*.so hetsync/_hetsync_ops*_build.json runs .pytest_cache

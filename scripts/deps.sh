@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything hetsync needs on a fresh Debian machine.
-#   - Debian packages: OpenMPI (libopenmpi-dev, openmpi-bin), g++, cmake
+#   - Debian packages: OpenMPI (libopenmpi-dev, openmpi-bin), g++, cmake, openssh-server and iproute2 (the
+#     emulated cluster), chromium and chromium-driver (the documentation site's browser check)
 #   - a virtual environment (default .venv/ at the repository root) with the pinned Python stack
 #   - horovod 0.28.1 built from source once per TensorFlow version, its wheel cached outside the
 #     repository (keyed by horovod, TensorFlow and Python versions)
@@ -44,6 +45,9 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 # the emulated multi-host cluster (hetsync-cluster): an sshd per emulated host; ip and tc (iproute2)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
+# the documentation site's browser check (make test-full): Debian's chromium and its chromedriver
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   SUDO=""

@@ -11,8 +11,8 @@ scenario (:mod:`hetsync.bench.efficiency`; E = 1 is the physical limit on dedica
 n * min_i v_i / sum_i v_i); ratios against BSP from the same seed and scenario; medians and
 min-max spread over seeds (:mod:`hetsync.bench.matrix`). Output: ``results.json``, Markdown tables
 (:mod:`hetsync.bench.table`), PNG plots (:mod:`hetsync.bench.plots`), op microbenchmarks
-(:mod:`hetsync.bench.micro`) and the README's Results section (:mod:`hetsync.bench.readme`).
+(:mod:`hetsync.bench.micro`) and the documentation pages written from results (:mod:`hetsync.bench.docpages`).
 
 Modules are imported lazily so that ``import hetsync.bench`` stays cheap.
 """
-__all__ = []  # submodules: efficiency, matrix, micro, plots, readme, solo, table (imported on use)
+__all__ = []  # submodules: efficiency, matrix, micro, plots, docpages, solo, table (imported on use)

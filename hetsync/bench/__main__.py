@@ -3,7 +3,7 @@
 Examples::
 
     hetsync-bench --preset quick                      # smoke check, every registered protocol
-    hetsync-bench --preset full --update-readme       # the README's Results section
+    hetsync-bench --preset full --update-docs         # the documentation's results pages
     hetsync-bench --preset quick --np 2 --scenario digits/random:3 --epochs 2 --protocols bsp
                                                       # (runs on device:40; --device 0 for the real CPU)
     hetsync-bench --micro-only                        # op microbenchmarks only
@@ -56,14 +56,17 @@ def parse_args(argv=None):
     p.add_argument("--no-micro", action="store_true", help="skip the op microbenchmarks")
     p.add_argument("--micro-only", action="store_true", help="run only the op microbenchmarks")
     p.add_argument("--micro-repeats", type=int, default=30, help="timed repetitions per microbenchmark")
-    p.add_argument("--update-readme", action="store_true",
-                   help="rewrite the README's Results section from this run (use with --preset full)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write this run into the documentation: DOCS/results/PRESET.json (the source of the "
+                        "site's decision table and of the documented duration of each preset), the preset's "
+                        "section of DOCS/results.md and, for the cluster preset, the README's headline table")
+    p.add_argument("--docs-dir", default="docs", help="the documentation folder --update-docs writes (default: docs)")
     p.add_argument("--readme", default="README.md",
-                   help="the README whose Results section --update-readme rewrites (default: in this directory)")
+                   help="the README whose headline table --update-docs rewrites (default: in this directory)")
     p.add_argument("--dry-run", action="store_true", help="print the run plan and exit")
     p.add_argument("--report-from", default=None, metavar="DIR",
                    help="run nothing: recompute the figures from the run folders under DIR and rebuild "
-                        "DIR/results.json, the tables, plots (and README with --update-readme)")
+                        "DIR/results.json, the tables, plots (and the docs with --update-docs)")
     p.add_argument("--twins", action="store_true",
                    help="also run BSP on each emulated heterogeneous cell's homogeneous twin (every rank at the "
                         "scenario's mean step, the same total speed): the reference of the heterogeneity tax")
@@ -130,9 +133,6 @@ def parse_args(argv=None):
         missing = matrix.missing_data(preset)
         if missing is not None:
             p.error(str(missing))
-    if args.update_readme and args.preset != "full" and not args.report_from:
-        print(f"note: --update-readme with preset {args.preset!r}; the README's Results are meant to come "
-              "from --preset full", file=sys.stderr)
     return args, preset, names, proto_args
 
 
@@ -176,19 +176,16 @@ def main(argv=None):
 
 
 def _report(args, results, out, micro, preset):
-    """Write results.json, results.md and the plots (and the README section); print the table. Cluster
+    """Write results.json, results.md and the plots (and the documentation pages); print the table. Cluster
     cells with two protocols also get their side-by-side ratios (``results["pairs"]``)."""
-    from hetsync.bench import cluster_cells, plots, readme, table
+    from hetsync.bench import cluster_cells, docpages, plots, table
 
     pngs = plots.make_all(results, os.path.join(out, "plots"))
     md = table.markdown_table(results)
     pairs = cluster_cells.pair_ratios(results["runs"], preset.cells)
     results["pairs"] = pairs
     with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(readme.results_section(results, os.path.relpath(pngs[0], out), micro))
-        if pairs:
-            f.write("\n\n## Side by side on the emulated cluster (median over seeds; > 1: the candidate wins)\n\n"
-                    + cluster_cells.pair_table(pairs) + "\n")
+        f.write(docpages.results_section(results, os.path.relpath(pngs[0], out), micro))
     if pairs:
         md += "\n\n" + cluster_cells.pair_table(pairs)
     with open(os.path.join(out, "results.json"), "w") as f:
@@ -196,9 +193,9 @@ def _report(args, results, out, micro, preset):
     print(md)
     print(f"\n{len(results['runs'])} runs in {results['wall_s'] / 60:.1f} min; results: {out}/results.json, "
           f"{out}/results.md, plots: {', '.join(pngs)}")
-    if args.update_readme:
-        readme.update_readme(args.readme, results, pngs[0], micro)
-        print(f"updated the Results section of {args.readme}")
+    if args.update_docs:
+        written = docpages.update_docs(args.docs_dir, args.readme, results, pngs[0], micro)
+        print(f"updated the documentation: {', '.join(written)}")
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     for r in failed:
         print(f"FAILED: {r['protocol']} seed {r['seed']} {r['cell']}: {r['error'].splitlines()[0]}", file=sys.stderr)

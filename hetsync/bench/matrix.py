@@ -334,7 +334,7 @@ _CLUSTER_CELLS = (
 LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 45.0, 40.0
 
 #: the named presets. ``quick``: a smoke check on the emulated cluster (about 5 min with every
-#: protocol); ``full``: the README report.
+#: protocol); ``full``: the documentation's results report.
 PRESETS = {
     "quick": Preset("quick", np=4, cells=(parse_cell("digits/device:30+random:6"),), seeds=(0,),
                     epochs={"digits": 6, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}),

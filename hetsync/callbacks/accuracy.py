@@ -43,7 +43,9 @@ class TestAccuracy(keras.callbacks.Callback):
             default 0.1), or None for no refinement. Needs ``"accuracy"`` among the compiled metrics.
         refine_points: int >= 0, the most refined points (weight copies) a run takes (default 64).
 
-    Attributes (after training, meaningful on rank 0):
+    The attributes below are set after training and are meaningful on rank 0.
+
+    Attributes:
         curve: list of dicts ``{"step", "epoch", "wall_s", "unix_s", "accuracy"}``: ``wall_s`` seconds of
             training (this callback's own time excluded), ``unix_s`` the moment of the evaluation point
             (``time.time()``, the clock of :class:`hetsync.callbacks.SyncMetrics`' step records, so the

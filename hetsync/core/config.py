@@ -20,7 +20,7 @@ import typing
 
 from hetsync.core import checks as _checks
 
-__all__ = ["ProtocolConfig", "param"]
+__all__ = ["ProtocolConfig", "param", "argument_rows"]
 
 
 def param(default, doc, *, label=None, ge=None, gt=None, le=None, lt=None, unit=None, none=None, allow_inf=False,
@@ -148,3 +148,49 @@ class ProtocolConfig:
             lines.append(textwrap.fill(text, width=width, initial_indent=" " * indent,
                                        subsequent_indent=" " * (indent + 4)))
         return "\n".join(lines)
+
+
+def _type_name(hint):
+    """The user-facing name of a configuration annotation (str): ``int``, ``float``, ``"pool" | "shard"``..."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return " | ".join(_type_name(a) for a in inner) + " | None"
+    if typing.get_origin(hint) is typing.Literal:
+        return " | ".join(repr(a).replace("'", '"') for a in args)
+    if typing.get_origin(hint) is tuple:
+        return "list of int"
+    if hint is typing.Any:
+        return "see description"
+    return getattr(hint, "__name__", str(hint))
+
+
+def argument_rows(config_cls):
+    """The argument table of a protocol's configuration, one row per field in declaration order.
+
+    Generated into the protocol's documentation page, so the page cannot drift from the code.
+
+    Args:
+        config_cls: a :class:`ProtocolConfig` subclass.
+
+    Returns:
+        list of dicts ``{"name": str, "type": str, "default": str (``repr`` of the default, ``None`` as
+        None), "allowed": str (bounds such as ``>= 1``, ``> 0, <= 1``; empty when any value of the type is
+        allowed), "unit": str or "", "none": str or "" (what None means), "doc": str}``.
+
+    Raises:
+        TypeError: ``config_cls`` is not a configuration dataclass.
+    """
+    if not (isinstance(config_cls, type) and issubclass(config_cls, ProtocolConfig)):
+        raise TypeError(f"argument_rows takes a ProtocolConfig subclass, got {config_cls!r}")
+    hints = typing.get_type_hints(config_cls)
+    rows = []
+    for f in dataclasses.fields(config_cls):
+        meta = f.metadata
+        bounds = [f"{op} {meta[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if k in meta]
+        if meta.get("allow_inf"):
+            bounds.append("inf allowed")
+        rows.append({"name": f.name, "type": _type_name(hints[f.name]), "default": repr(f.default),
+                     "allowed": ", ".join(bounds), "unit": meta.get("unit", ""), "none": meta.get("none", ""),
+                     "doc": meta.get("doc", "")})
+    return rows

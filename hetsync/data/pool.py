@@ -1,6 +1,6 @@
 """Work conservation: an epoch is a pool of training samples that ranks draw batches from.
 
-For the protocols whose ranks do not step together (RNA today; see the README's "Work conservation
+For the protocols whose ranks do not step together (RNA today; see the documentation's "Work conservation
 (sample pool)"), a fixed share per rank makes every rank wait for the slowest one's share. With the
 pool, each epoch is one seeded permutation of the N training samples; a rank asks for its next
 batch, gets the next ``b`` indices of the permutation, trains on them and asks again, until the

@@ -19,7 +19,7 @@ E_i(k) the time it leaves it:
   updates of iteration k - 1 it averages have all arrived, since its neighbours are past k - 1).
 
 The hetsync runs on the emulated cluster (``device:MS``) come within about 10% of this model, whose
-figures are the ceiling the rules allow (README, Hop's benchmark): for example backup workers on
+figures are the ceiling the rules allow (the Hop page's measured figures): for example backup workers on
 ring-based(8) under ``random`` gain at most 1.34x iterations/s over standard Hop, at max_ig = 10.
 """
 import argparse

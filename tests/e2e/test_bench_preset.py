@@ -1,7 +1,7 @@
 """hetsync.bench: E's formula and solo measurement, the figures of a run, and the quick preset end to end."""
 import pytest
 from conftest import PY, _env, read_json
-from hetsync.bench import readme
+from hetsync.bench import docpages
 QUICK = ["--preset", "quick", "--np", "2", "--scenario", "digits/random:3", "--epochs", "2", "--seeds", "0"]
 # one protocol of each family besides BSP (always run): RNA, hierarchical RNA (groups + server), a parameter
 # server (1 worker + 1 server on 2 ranks), decentralized Hop, task allocation's uneven shares. Every protocol's
@@ -14,14 +14,17 @@ def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
     import subprocess
 
     out = tmp_path / "bench"
-    fake_readme = tmp_path / "README.md"
-    fake_readme.write_text("# hetsync\n\nintro\n\n## Results\n\n" + readme.BEGIN + "\nold\n" + readme.END
-                           + "\n\n## After\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    begin, end = docpages.results_markers("quick")
+    (docs / "results.md").write_text("# Results\n\nintro\n\n## Preset `quick`\n\n" + begin + "\nold\n" + end
+                                     + "\n\n## After\n")
+    (tmp_path / "README.md").write_text("# hetsync\n")
     # the installed console script, from a folder outside the checkout, with nothing on PYTHONPATH
     import os
 
     cmd = [os.path.join(os.path.dirname(PY), "hetsync-bench"), *QUICK, "--protocols", ",".join(QUICK_PROTOCOLS),
-           "--micro-repeats", "3", "--no-progress", "--out", str(out), "--update-readme", "--readme", str(fake_readme)]
+           "--micro-repeats", "3", "--no-progress", "--out", str(out), "--update-docs"]
     env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -70,9 +73,13 @@ def test_quick_preset_on_two_ranks_reports_every_field(tmp_path):
     assert micro["sim"].get("rows") or micro["sim"].get("skipped")
     delay = micro["ops"][0]
     assert delay["name"].startswith("delay op") and delay["op_us"] > 0 and delay["ratio"] > 0
-    text = fake_readme.read_text()
-    assert text.count(readme.BEGIN) == 1 and text.count(readme.END) == 1 and "\nold\n" not in text
-    assert text.startswith("# hetsync\n\nintro\n") and text.rstrip().endswith("## After")
+    text = (docs / "results.md").read_text()
+    assert text.count(begin) == 1 and text.count(end) == 1 and "\nold\n" not in text
+    assert text.startswith("# Results\n\nintro\n") and text.rstrip().endswith("## After")
     assert "| digits/device:40+random:3 | bsp " in text
-    assert "![test accuracy vs wall-clock](docs/bench/accuracy_vs_time.png)" in text
-    assert (tmp_path / "docs" / "bench" / "accuracy_vs_time.png").exists()
+    assert "![test accuracy vs wall-clock](bench/quick-accuracy_vs_time.png)" in text
+    assert (docs / "bench" / "quick-accuracy_vs_time.png").exists()
+    summary = read_json(docs / "results" / "quick.json")
+    assert summary["preset"] == "quick" and summary["launches"] == len(protocols)
+    assert {r["protocol"] for r in summary["rows"]} == set(protocols)
+    assert (tmp_path / "README.md").read_text() == "# hetsync\n"  # the headline comes from the cluster preset only

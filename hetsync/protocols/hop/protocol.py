@@ -83,7 +83,7 @@ class HopConfig(ProtocolConfig):
                                "chain:SIZES or edges:EDGES such as edges:0-1,1-2,2-3,3-0 "
                                "(:mod:`hetsync.protocols.hop.graph`; self-loops are implicit).")
     backup_workers: int = param(0, "int N_buw >= 0, updates a worker does not wait for (Figure 8); must be "
-                                   "< |N_in(i)| (self-loop included) on every rank.", label="backup_workers N_buw",
+                                   "< ``|N_in(i)|`` (self-loop included) on every rank.", label="backup_workers N_buw",
                                 ge=0, unit="updates")
     staleness: typing.Optional[int] = param(
         None, "int s >= 0, bounded staleness (eq. 2): use each in-neighbour's newest update while it is no older "
@@ -173,7 +173,7 @@ class HopProtocol(Protocol):
         """Build the graph for this world size and check the backup workers against every in-degree.
 
         Raises:
-            ValueError: a graph that does not exist for the world size, or N_buw >= |N_in(i)| on some rank.
+            ValueError: a graph that does not exist for the world size, or N_buw >= ``|N_in(i)|`` on some rank.
         """
         n = world.size()
         self.graph = hop_graph.build(self.cfg.graph, n)
@@ -538,6 +538,6 @@ Hop = protocol_wrapper(HopProtocol, """Wrap a Keras 3 optimizer for Hop: decentr
     Raises:
         TypeError: not a Keras 3 optimizer, or an unknown argument.
         ValueError: an argument out of range, an unknown graph or one that does not exist for the world
-            size, backup_workers >= |N_in| on some rank, skip without backup workers or staleness.
+            size, backup_workers >= ``|N_in|`` on some rank, skip without backup workers or staleness.
         RuntimeError: hetsync not initialised, or launched under Gloo (Hop needs MPI).
     """)

@@ -326,7 +326,7 @@ SelSync = protocol_wrapper(SelSyncProtocol, """Wrap a Keras 3 optimizer for SelS
 
     Each step, each rank smooths its squared gradient norm ||g_i||^2 (sum over all gradient
     tensors, float64) with an EWMA over the last ``ewma_window`` steps and computes the relative
-    change d_i = |E_i - E_(i-1)| / E_(i-1) (eq. 2). Its flag is d_i >= delta; one 4-byte
+    change ``d_i = |E_i - E_(i-1)| / E_(i-1)`` (eq. 2). Its flag is d_i >= delta; one 4-byte
     allreduce sums the N flags; if any is set all ranks synchronize, else each takes a local SGD
     step and nothing else is sent. Synchronization is parameter aggregation (local step, then
     w <- (1/N) sum_n w_n; weights are identical on all ranks afterwards) or gradient aggregation

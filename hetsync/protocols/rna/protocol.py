@@ -85,7 +85,7 @@ class RNAConfig(ProtocolConfig):
     average_every: int = param(10, "int >= 0; average the parameters (with the model's float32 non-trainable state, "
                                    "e.g. BatchNormalization statistics) over the active ranks every that many rounds "
                                    "(0: never). Every 10 rounds keeps the drift small at the cost of one "
-                                   "parameter-sized allreduce per 10 rounds, off the compute path (README: the drift "
+                                   "parameter-sized allreduce per 10 rounds, off the compute path (the RNA page: the drift "
                                    "grows without it).", ge=0, unit="rounds")
     drift_every: typing.Optional[int] = param(
         None, "int >= 0, measure the drift every that many rounds (None: ``average_every``, or 20 if averaging is "
@@ -421,7 +421,7 @@ class RNAProtocol(Protocol):
         self._summary = s
 
     def summary_stats(self):
-        """End-of-run statistics (see the README's RNA section): rounds, contributors, initiators,
+        """End-of-run statistics (see the RNA page of the documentation): rounds, contributors, initiators,
         probe response times, staleness histogram, dropped/undrained gradients, drift, per-rank totals."""
         if not self._summary:
             return super().summary_stats()
