@@ -120,3 +120,28 @@ def test_readme_is_short_and_links_into_the_site():
 
     block = text.split(docpages.HEADLINE_BEGIN, 1)[1].split(docpages.HEADLINE_END, 1)[0]
     assert block.strip() == docpages.headline_section(cluster).strip()
+
+
+def test_the_protocol_index_names_every_protocol_with_its_default_data_plan():
+    """The data plan column of the protocol index against the code: the config's ``data_plan`` default, the
+    protocol's own plan where its class replaces ``fit_data`` (SelSync's SelDP, task allocation's shares),
+    else the shared plans' default, a shard per rank."""
+    from hetsync.core.dataplans import DataPlans
+    from hetsync.protocols import REGISTRY, get_wrapper
+
+    with open(os.path.join(DOCS, "protocols", "index.md")) as f:
+        rows = {m.group(1): (m.group(2), m.group(3).strip()) for m in
+                re.finditer(r"^\| \[`(\w+)`\]\(\w+\.md\) \| `hetsync\.(\w+)` \| ([^|]+) \|", f.read(), flags=re.M)}
+    assert sorted(rows) == sorted(REGISTRY)
+    for name in REGISTRY:
+        wrapper, plan = rows[name]
+        assert wrapper == REGISTRY[name][1], name
+        proto = get_wrapper(name).protocol_class
+        default = {f.name: f.default for f in dataclasses.fields(proto.Config)}.get("data_plan")
+        owner = next(c for c in proto.__mro__ if "fit_data" in c.__dict__)
+        if default is not None:
+            assert plan == default, (name, plan, default)
+        elif owner is DataPlans:
+            assert plan == "shard", (name, plan)
+        else:
+            assert plan not in ("shard", "pool"), (name, plan, owner.__name__)
