@@ -225,7 +225,8 @@ def decision_rows(summaries):
 
     Returns:
         list of dicts ``{"kind", "protocol", "time_ratio" (str such as ``"1.62x"``), "samples_ratio" (str,
-        ``"-"`` where not measured), "runner_up", "where", "source", "link"}`` in the order of the kinds.
+        ``"-"`` where not measured), "runner_up", "where", "source", "link"}`` in the order of the kinds;
+        paused ranks without a recorded run get a row that says so and links to the faults page.
     """
     by_kind = {}
     for s in summaries:
@@ -249,6 +250,10 @@ def decision_rows(summaries):
     out = []
     for kind, _ in _KINDS:
         if kind not in by_kind:
+            if kind == "paused ranks":  # said, not left out: the faults page has what each protocol does
+                out.append({"kind": kind, "protocol": "-", "time_ratio": "-", "samples_ratio": "-", "runner_up": "-",
+                            "where": "no recorded run of this kind yet",
+                            "source": "faults and what each protocol does", "link": "../faults.html"})
             continue
         _, s, first, others = by_kind[kind]
         best = others[0]

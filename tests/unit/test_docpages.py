@@ -66,7 +66,8 @@ def test_decision_rows_pick_the_cell_with_most_seeds_then_ranks_and_the_best_pro
         _agg(SPEEDS, "bsp", 1.0, runs=1, reached=1), _agg(SPEEDS, "taskalloc", 1.1, runs=1, reached=1),
         _agg("np4:digits/device:40+deterministic:3:4", "rna", 3.0, runs=1, reached=1)]))  # no BSP: skipped
     rows = docpages.decision_rows([full])
-    assert [r["kind"] for r in rows] == ["random slowdowns", "a fixed mix of speeds"]
+    assert [r["kind"] for r in rows] == ["random slowdowns", "a fixed mix of speeds", "paused ranks"]
+    assert rows[2]["protocol"] == "-" and rows[2]["where"] == "no recorded run of this kind yet"
     r = rows[0]
     # 8 ranks beat 4 at equal seeds; Hop missed the target in one run, so RNA is the best that always reached it
     assert (r["protocol"], r["time_ratio"], r["samples_ratio"], r["runner_up"]) == ("rna", "2.20x", "0.90x", "-")
