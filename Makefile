@@ -26,6 +26,10 @@ EPOCHS ?= 16
 EVAL_EVERY ?= 4
 endif
 RUN_OUT ?= runs/main
+# horovodrun's own process imports TensorFlow: quiet unless HETSYNC_VERBOSE is set (the jobs quiet themselves)
+ifeq ($(HETSYNC_VERBOSE),)
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+endif
 export TF_NUM_INTRAOP_THREADS ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
