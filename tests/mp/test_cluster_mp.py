@@ -103,7 +103,7 @@ def test_horovodrun_gloo_trains_bsp_across_two_hosts(tmp_path):
 def test_a_host_whose_processes_are_killed_ends_the_job_naming_the_host(tmp_path):
     """Every process of host h1 (its ranks, their launcher daemon, its sshd) is killed mid-run: the job ends
     with a non-zero status and an error that names the host, within horovod's stall shutdown (300 s) + 30 s.
-    (The error is OpenMPI's, about its lost daemon on h1; it names no rank yet.)"""
+    OpenMPI's error names its lost daemon on h1; hetsync-cluster adds the host and the ranks it ran.)"""
     import signal
     import time
 
@@ -138,4 +138,8 @@ def test_a_host_whose_processes_are_killed_ends_the_job_naming_the_host(tmp_path
     assert proc.returncode != 0, rest[-3000:]
     assert took <= 330, took
     assert "Connection to h1 closed" in rest or "Peer host:  h1" in rest, rest[-3000:]
+    # hetsync-cluster's own line names the host and the ranks it ran
+    assert "hetsync-cluster: host h1 was lost during the run" in rest and "it ran ranks 2, 3;" in rest, rest[-3000:]
+    down = json.loads(next(line for line in rest.splitlines() if line.startswith('{"event": "down"')))
+    assert down["lost_hosts"] == [{"host": "h1", "ranks": [2, 3]}]
     assert cid not in list_clusters()

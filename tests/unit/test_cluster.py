@@ -208,6 +208,24 @@ def test_ssh_between_hosts_needs_no_flags_and_accepts_only_the_clusters_key(made
     assert not any(c.cid in n for n in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []))
 
 
+@needs_sshd
+def test_a_host_whose_processes_all_died_is_reported_lost_with_its_ranks(made):
+    c = Cluster(ClusterSpec(hosts=3, slots=2, host_slots=(("h2", 1),)), ssh=True)
+    made.append(c.cid)
+    with c:
+        assert c.lost_hosts() == []
+        pids = subprocess.run(["ip", "netns", "pids", c.host_ns(1)], capture_output=True, text=True,
+                              timeout=30).stdout.split()
+        assert pids  # h1's sshd
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        deadline = time.time() + 30
+        while not c.lost_hosts() and time.time() < deadline:
+            time.sleep(0.1)
+        assert c.lost_hosts() == [{"host": "h1", "ranks": [2, 3]}]
+    assert Cluster(ClusterSpec(hosts=2, slots=1), ssh=False).lost_hosts() == []  # nothing to tell without ssh
+
+
 def test_hosts_may_have_their_own_slots_and_a_link_may_be_left_unshaped():
     spec = ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=(("h3", 1), ("h4", 1)), dilation=20)
     assert spec.np == 8 and spec.hosts_arg() == "h0:2,h1:2,h2:2,h3:1,h4:1"

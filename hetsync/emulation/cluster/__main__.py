@@ -16,7 +16,10 @@ exits with COMMAND's status (124 on timeout). RATE uses ``tc``'s units (``100mbi
 the emulated cluster's rate, and the links are shaped to RATE / D. COMMAND runs with ``HETSYNC_DILATION=D``
 (and so do ranks started over ssh), so its emulated device times and timeouts are D times longer
 (:func:`hetsync.world.dilation`). ``--record FILE`` writes the cluster's record (:meth:`Cluster.record`:
-D, rates, the bytes and utilisation of each link over COMMAND's run) that the benchmark merges.
+D, rates, the bytes and utilisation of each link over COMMAND's run) that the benchmark merges, with
+``exit`` (COMMAND's status) and ``lost_hosts`` (:meth:`Cluster.lost_hosts`: hosts whose every process died
+during the run, each with the ranks it ran; also named in one line on stderr, since OpenMPI's own error
+names only its lost daemon).
 """
 import argparse
 import json
@@ -135,7 +138,14 @@ def _run(args):
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=REAP_S)
-            record = dict(cluster.record(max(time.monotonic() - t0, 1e-9), before), exit=rc, command=command)
+            lost = cluster.lost_hosts()
+            for host in lost:  # OpenMPI's message names the lost daemon only: say which ranks went with it
+                print(f"hetsync-cluster: host {host['host']} was lost during the run (every process of it, its "
+                      f"sshd included, exited): it ran rank{'s' if len(host['ranks']) != 1 else ''} "
+                      f"{', '.join(map(str, host['ranks']))}; the command exited with status {rc}",
+                      file=sys.stderr, flush=True)
+            record = dict(cluster.record(max(time.monotonic() - t0, 1e-9), before), exit=rc, command=command,
+                          lost_hosts=lost)
             if args.record:
                 with open(args.record, "w") as f:
                     json.dump(record, f, indent=1)

@@ -340,6 +340,25 @@ class Cluster:
                 rx.kill()
                 rx.wait(timeout=COMMAND_TIMEOUT_S)
 
+    def lost_hosts(self):
+        """The hosts lost while the cluster was up, each with the ranks it ran, as a launch places them
+        (ranks fill the hosts in order: :meth:`ClusterSpec.host_of_rank`).
+
+        A host counts as lost when its sshd has exited: every process of the host died (a killed machine;
+        OpenMPI's own error then names only its lost daemon). Without ssh (one host, or ``ssh=False``)
+        nothing is detected.
+
+        Returns:
+            list of dicts ``{"host": str, "ranks": list of int}``, in host order.
+        """
+        if self.sshd is None:
+            return []
+        out = []
+        for i in self.sshd.exited():
+            name = host_name(i)
+            out.append({"host": name, "ranks": [r for r in range(self.spec.np) if self.spec.host_of_rank(r) == name]})
+        return out
+
     def describe(self):
         """What was set up (a JSON-able dict): id, hosts with names, namespaces, addresses and rates
         (emulated and shaped, bits per second), dilation, slots, np and the ``-H`` list."""

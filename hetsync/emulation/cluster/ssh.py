@@ -117,6 +117,11 @@ class SshHosts:
         return subprocess.run(["ip", "netns", "exec", self.cluster.host_ns(i), "python3", "-c", probe],
                               capture_output=True, timeout=30).returncode == 0
 
+    def exited(self):
+        """The indices (list of int) of the hosts whose sshd has exited while the cluster was up: a host whose
+        processes were all killed (a lost machine); empty after :meth:`stop`."""
+        return [i for i, p in enumerate(self.procs) if p.poll() is not None]
+
     def stop(self):
         """Stop every sshd and delete the keys and configurations. Idempotent."""
         for p in self.procs:
