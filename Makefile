@@ -26,6 +26,8 @@ EPOCHS ?= 16
 EVAL_EVERY ?= 4
 endif
 RUN_OUT ?= runs/main
+# the seed of the main job (initial weights, the stragglers' draws, the data order): `make run SEED=3`
+SEED ?= 0
 # horovodrun's own process imports TensorFlow: quiet unless HETSYNC_VERBOSE is set (the jobs quiet themselves)
 ifeq ($(HETSYNC_VERBOSE),)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -51,10 +53,10 @@ build: deps
 run: deps
 	@rm -rf $(RUN_OUT)
 	@set -e; for p in $(PROTOCOLS); do \
-	  echo "=== $$p: $(NP) ranks, --slowdown $(SLOWDOWN)"; \
+	  echo "=== $$p: $(NP) ranks, --slowdown $(SLOWDOWN), seed $(SEED)"; \
 	  $(HOROVODRUN) --mpi -np $(NP) $(PY) examples/keras_digits.py --protocol $$p --slowdown $(SLOWDOWN) \
 	    $(DATA) --model mlp --lr 0.2 --epochs $(EPOCHS) --eval-every $(EVAL_EVERY) --target-accuracy 0.9 \
-	    --quiet --out $(RUN_OUT)/$$p; \
+	    --seed $(SEED) --quiet --out $(RUN_OUT)/$$p; \
 	done
 	$(PY) -m hetsync.bench.report $(RUN_OUT)
 
