@@ -223,6 +223,10 @@ SLOW_TESTS = (
     "tests/mp/test_faults_mp.py::test_a_stall_of_a_parameter_server_is_refused",
     "tests/mp/test_faults_mp.py::test_a_paused_parameter_server_resumes_and_the_run_completes",
     "tests/mp/test_ps_mp.py::test_more_servers_than_variables_fails_at_train_begin_on_every_rank",  # unit: the check
+    # a killed parameter server: test_dead_peer_mp's quick server case; RNA's ending: the rank that stops stepping
+    "tests/mp/test_ps_mp.py::test_a_killed_server_ends_the_job_with_the_launchers_error_not_a_hang",
+    "tests/mp/test_rna_mp.py::test_a_rank_whose_thread_does_not_end_makes_every_rank_fail_the_same_way_after_the_gather",
+    "tests/mp/test_rnah_mp.py::test_one_group_is_flat_rna_without_the_server",
     "tests/mp/test_hop_mp.py::test_hop_trains_digits_on_four_ranks_with_backup_workers",
     "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]localsgd-*]",
     "tests/mp/test_nonfinite_mp.py::test_nan_on_one_rank_*[[]asp-*]",
