@@ -185,30 +185,33 @@ def load_summaries(folder):
     return out
 
 
-#: kinds of heterogeneity, in the order the decision table lists them: (kind, predicate on the scenario).
+#: kinds of heterogeneity, in the order the decision table lists them: (kind, the scenario components that
+#: mark it; None: none of the others').
 _KINDS = (
-    ("slow network", lambda s, c: "netdelay:" in s),
-    ("random slowdowns", lambda s, c: "random:" in s),
-    ("a fixed mix of speeds", lambda s, c: "speeds:" in s),
-    ("a deterministic straggler", lambda s, c: "deterministic:" in s),
-    ("paused ranks", lambda s, c: "pause" in s),
-    ("none (homogeneous)", lambda s, c: not re.search(r"random:|speeds:|deterministic:|netdelay:|pause|stall", s)),
+    ("slow network", ("netdelay:",)),
+    ("random slowdowns", ("random:",)),
+    ("a fixed mix of speeds", ("speeds:",)),
+    ("a deterministic straggler", ("deterministic:",)),
+    ("paused ranks", ("pause:",)),
+    ("none (homogeneous)", None),
 )
 
 
-def heterogeneity_kind(scenario, cluster=None):
+def heterogeneity_kind(scenario):
     """The kind of heterogeneity (str) a scenario stands for, as the decision table groups them.
 
     Args:
-        scenario: str, a ``--slowdown`` scenario such as ``device:40+random:6``. cluster: the cluster label
-            of a multi-host cell or None.
+        scenario: str, a ``--slowdown`` scenario such as ``device:40+random:6``.
 
     Returns:
         one of ``"slow network"``, ``"random slowdowns"``, ``"a fixed mix of speeds"``, ``"a deterministic
-        straggler"``, ``"paused ranks"``, ``"none (homogeneous)"`` (the first that matches), or None.
+        straggler"``, ``"paused ranks"``, ``"none (homogeneous)"`` (the first that matches), or None (a stall
+        alone, which no row stands for).
     """
-    for kind, match in _KINDS:
-        if match(scenario, cluster):
+    for kind, marks in _KINDS:
+        if marks is None:
+            return None if "stall:" in scenario else kind
+        if any(m in scenario for m in marks):
             return kind
     return None
 
@@ -241,7 +244,7 @@ def decision_rows(summaries):
             others = sorted((r for r in ok if r["protocol"] != "bsp"), key=lambda r: -r["speedup_time_to_target"])
             if not others:
                 continue
-            kind = heterogeneity_kind(rows[0]["scenario"], rows[0].get("cluster"))
+            kind = heterogeneity_kind(rows[0]["scenario"])
             if kind is None:
                 continue
             rank = (rows[0]["runs"], rows[0]["np"] or 0, s["date_utc"])

@@ -127,8 +127,9 @@ class ProtocolHooks(keras.callbacks.Callback):
     :data:`hetsync.errors.NONFINITE_MARK`) leaves ``model.fit`` as a :class:`hetsync.errors.NonFiniteError`
     with hetsync's message (:meth:`~hetsync.errors.NonFiniteError.from_exception`), raised ``from None``:
     at train begin this callback wraps the model's ``train_function`` (Keras makes it before
-    ``on_train_begin``; the wrapper stays, so ``train_on_batch`` raises the same), and the protocol's
-    hooks are translated alike. Other exceptions pass unchanged.
+    ``on_train_begin``; the wrapper stays, so ``train_on_batch`` raises the same; a function another
+    callback puts in its place is wrapped at the next batch), and the protocol's hooks are translated
+    alike. Other exceptions pass unchanged.
 
     Args:
         optimizer: an optimizer wrapped by a hetsync protocol.
@@ -141,10 +142,15 @@ class ProtocolHooks(keras.callbacks.Callback):
         super().__init__()
         self.protocol = protocol_of(optimizer)
 
-    def on_train_begin(self, logs=None):
+    def _wrap_train_function(self):
+        """Wrap the model's train function once (:class:`_RaisingNonFinite`); again if another callback
+        replaced it since (``BackupAndRestore`` swaps it while a resumed epoch skips its done steps)."""
         train_function = getattr(self.model, "train_function", None)
         if train_function is not None and not isinstance(train_function, _RaisingNonFinite):
             self.model.train_function = _RaisingNonFinite(train_function)
+
+    def on_train_begin(self, logs=None):
+        self._wrap_train_function()
         with _nonfinite_raised():
             self.protocol.check_fit(self.model)
             self.protocol.start()
@@ -156,6 +162,7 @@ class ProtocolHooks(keras.callbacks.Callback):
             self.protocol.on_epoch_begin(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._wrap_train_function()
         with _nonfinite_raised():
             self.protocol.on_train_batch_begin(batch)
 

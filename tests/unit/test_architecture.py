@@ -62,9 +62,16 @@ def _assignments(path):
     return out
 
 
+#: the Keras model attributes hetsync sets, each one Keras itself has callbacks set (the architecture page,
+#: rule 9): ``stop_training`` (ending fit), ``_initial_epoch`` (BackupAndRestore's resume, as Keras' own does),
+#: ``train_function`` (ProtocolHooks wraps it once to raise a non-finite stop as NonFiniteError).
+KERAS_MODEL_WRITES = {"stop_training", "_initial_epoch", "train_function"}
+
+
 def test_no_module_writes_into_a_protocol_or_onto_the_keras_model():
     """Rule 9: a data plan returns a value (no data module assigns a protocol's attributes), and
-    callbacks share run state through RunState, not ``model._hetsync_*`` attributes."""
+    callbacks share run state through RunState, not ``model._hetsync_*`` attributes; on the Keras model
+    only the attributes of :data:`KERAS_MODEL_WRITES` are set."""
     root = os.path.dirname(hetsync.__file__)
     bad = []
     for dirpath, _, files in os.walk(root):
@@ -76,6 +83,9 @@ def test_no_module_writes_into_a_protocol_or_onto_the_keras_model():
             for line, owner, attr in _assignments(path):
                 if attr.startswith("_hetsync_"):
                     bad.append(f"{rel}:{line}: {owner}.{attr} (a flag on a Keras object)")
+                if owner in ("self.model", "model") and attr not in KERAS_MODEL_WRITES:
+                    bad.append(f"{rel}:{line}: {owner}.{attr} (only Keras' own callback hooks may be set: "
+                               f"{sorted(KERAS_MODEL_WRITES)})")
                 if rel.startswith("data" + os.sep) and owner in ("protocol", "proto", "self.protocol"):
                     bad.append(f"{rel}:{line}: {owner}.{attr} (a data module writing into a protocol)")
     assert not bad, "\n".join(bad)

@@ -54,7 +54,7 @@ def test_load_summaries_names_a_file_that_is_not_one(tmp_path):
     ("device:40+random:6", "random slowdowns"), ("device:40+netdelay:50", "slow network"),
     ("device:40+netdelay:50+random:6", "slow network"), ("speeds:1,1,0.5", "a fixed mix of speeds"),
     ("device:40+deterministic:3:4", "a deterministic straggler"), ("device:40", "none (homogeneous)"),
-    ("none", "none (homogeneous)"), ("device:40+pause:1:5:2", "paused ranks")])
+    ("none", "none (homogeneous)"), ("device:40+pause:1:5:2", "paused ranks"), ("device:40+stall:1:5:2", None)])
 def test_heterogeneity_kind(scenario, kind):
     assert docpages.heterogeneity_kind(scenario) == kind
 

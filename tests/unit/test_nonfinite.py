@@ -207,6 +207,28 @@ def test_a_users_except_clause_catches_the_stop_and_train_on_batch_raises_it_too
     assert model.train_function is wrapped and not isinstance(wrapped.train_function, type(wrapped))
 
 
+def test_a_train_function_swapped_by_an_earlier_callback_is_wrapped_at_the_next_batch():
+    """A callback before ProtocolHooks that swaps the train function for one step and puts the raw one back
+    (as BackupAndRestore does while a resumed epoch skips its done steps): the stop still leaves fit as
+    NonFiniteError."""
+    class SwapOnce(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            model, real = self.model, self.model.train_function
+
+            def once(iterator):
+                model.train_function = real  # the unwrapped function, from before ProtocolHooks' train begin
+                return real(iterator)
+
+            model.train_function = once
+
+    opt = hetsync.BSP(keras.optimizers.SGD(0.1))
+    x, y = _data()
+    model = _model(opt)
+    with pytest.raises(NonFiniteError, match=r"^hetsync non-finite stop: non-finite values on rank\(s\) \[0\] at "):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[SwapOnce()] + hetsync.callbacks.standard(opt))
+
+
 def _assert_error(data, eager):
     """TensorFlow's InvalidArgumentError of an assert op carrying ``data`` (eagerly, or in a tf.function)."""
     def check(x):
