@@ -211,6 +211,8 @@ SLOW_TESTS = (
     "tests/e2e/test_example_validation.py::*[[]args[0-3]-*]",
     "tests/e2e/test_bench_preset.py::*",
     "tests/e2e/test_soak_sample.py::test_a_small_soak_sample_*",
+    # the advisor's probe under a launch (the unit tier checks its predictions and its refusals of bad input)
+    "tests/mp/test_advise_mp.py::*",
     # second cases of one mechanism
     "tests/mp/test_bench_launch_mp.py::test_solo_measurement_*",
     "tests/mp/test_bsp_mp.py::test_bsp_trains_digits_to_90_percent_with_identical_weights[[]4]",

@@ -8,7 +8,7 @@ module outside this one spells a channel name.
 
 __all__ = ["ALL", "POOL_REQUEST", "POOL_REPLY", "PS_PUSH", "PS_PULL", "PS_ERROR", "RNA_CONTROL", "RNA_TO_CONTROLLER",
            "RNAH_TO_SERVER", "RNAH_FROM_SERVER", "RNAH_REDUCE", "RNAH_RESULT", "RNAH_PARAMS", "RNAH_PARAMS_BACK",
-           "RNAH_BCAST", "HOP_UPDATE", "HOP_TOKEN", "HOP_ABORT", "SELSYNC_INJECT", "METRICS_GATHER", "METRICS_RESULT"]
+           "RNAH_BCAST", "HOP_UPDATE", "HOP_TOKEN", "HOP_ABORT", "SELSYNC_INJECT", "METRICS_GATHER", "METRICS_RESULT", "ADVISE_PROBE"]
 
 # -- the sample pool (hetsync.data.pool) --------------------------------------------------------------
 #: every rank -> the pool server: ``("claim", epoch, seq)`` or ``("confirm", epoch, indices int64 [k])``.
@@ -73,7 +73,11 @@ METRICS_GATHER = "metrics.gather"
 #: rank 0 -> workers: every worker's logs (list of dicts), tag = the epoch.
 METRICS_RESULT = "metrics.result"
 
+# -- the advisor's probe (hetsync.advise.probe) ---------------------------------------------------------
+#: rank 0 <-> its probe peer, both ways: tag = the repetition (int), obj = the timed payload (uint8 array or bytes).
+ADVISE_PROBE = "advise.probe"
+
 #: every channel name (str), in the order above.
 ALL = (POOL_REQUEST, POOL_REPLY, PS_PUSH, PS_PULL, PS_ERROR, RNA_CONTROL, RNA_TO_CONTROLLER, RNAH_TO_SERVER,
        RNAH_FROM_SERVER, RNAH_REDUCE, RNAH_RESULT, RNAH_PARAMS, RNAH_PARAMS_BACK, RNAH_BCAST, HOP_UPDATE, HOP_TOKEN,
-       HOP_ABORT, SELSYNC_INJECT, METRICS_GATHER, METRICS_RESULT)
+       HOP_ABORT, SELSYNC_INJECT, METRICS_GATHER, METRICS_RESULT, ADVISE_PROBE)

@@ -1,0 +1,81 @@
+"""The advisor without a launch: --predict (TF-free, fast, a JSON document), and bad input refused at once."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hetsync.advise import predict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _advise(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "hetsync.advise", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_predict_prints_one_json_document_for_64_ranks_in_under_5_s_without_tensorflow():
+    t0 = time.perf_counter()
+    p = _advise("--predict", "--scenario", "device:40+random:6", "--np", "64", "--hosts", "16x4", "--link", "10gbit",
+                "--json")
+    elapsed = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    names = [r["protocol"] for r in doc["protocols"]]
+    assert sorted(names) == sorted(predict.DEFAULT_PROTOCOLS)
+    for r in doc["protocols"]:
+        assert r["samples_per_s"] > 0 and r["time_to_target_vs_bsp"] > 0
+    bsp = next(r for r in doc["protocols"] if r["protocol"] == "bsp")
+    assert bsp["time_to_target_vs_bsp"] == pytest.approx(1.0)
+    # random stragglers at 64 ranks: BSP waits for a slow rank nearly every step; it is not the choice
+    assert doc["recommended"]["protocol"] != "bsp" and doc["recommended"]["time_to_target_vs_bsp"] > 1.5
+    assert doc["recommended"]["reasons"]
+    assert elapsed < 5.0 + 3.0  # the interpreter's start-up on a loaded 2-core machine on top of the 5 s target
+
+
+def test_predict_chooses_bsp_on_a_homogeneous_free_cluster():
+    inputs = predict.inputs_from_args("device:40", 8)
+    rows = predict.predict(inputs, ("bsp", "rna", "localsgd", "selsync", "taskalloc"))
+    assert rows[0]["protocol"] == "bsp"
+    rec = predict.recommend(rows, inputs)
+    assert rec["protocol"] == "bsp" and rec["time_to_target_vs_bsp"] == pytest.approx(1.0)
+
+
+def test_predict_chooses_task_allocation_or_a_non_waiting_protocol_on_a_speed_mix():
+    inputs = predict.inputs_from_args("device:40+speeds:1,1,1,0.25", 4)
+    rows = predict.predict(inputs)
+    assert rows[0]["protocol"] != "bsp"
+    ta = next(r for r in rows if r["protocol"] == "taskalloc")
+    assert ta["samples_per_s_vs_bsp"] > 1.5  # ideal: (3 + 0.25) / (4 * 0.25) = 3.25
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--predict", "--scenario", "device:40", "--np", "0"], "--np must be an integer >= 1"),
+    (["--predict", "--scenario", "device:40+bogus:3", "--np", "4"], "bogus"),
+    (["--predict", "--np", "4"], "needs --scenario and --np"),
+    (["--predict", "--scenario", "device:40", "--np", "4", "--protocols", "bsp,nosuch"], "no timing model for 'nosuch'"),
+    (["--predict", "--scenario", "device:40", "--np", "4", "--hosts", "2x3"], "hold 6 ranks but np is 4"),
+    (["--predict", "--scenario", "device:40", "--np", "4", "--link", "fast"], "does not parse"),
+    (["--probe-s", "90"], "--probe-s must be in (0, 60]"),
+])
+def test_bad_input_is_refused_with_the_value(args, message):
+    p = _advise(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert message in p.stderr
+
+
+def test_the_probe_refuses_a_model_that_does_not_build_before_anything_starts(tmp_path):
+    (tmp_path / "badmodels.py").write_text("def build():\n    raise RuntimeError('boom: no such layer')\n")
+    env_path = f"{tmp_path}{os.pathsep}{ROOT}"
+    for spec, message in (("badmodels:build", "the model does not build: RuntimeError: boom"),
+                          ("nosuchmodule:build", "module 'nosuchmodule' does not import"),
+                          ("badmodels", "give MODULE:FUNCTION")):
+        p = subprocess.run([sys.executable, "-m", "hetsync.advise", "--model", spec, "--probe-s", "2"],
+                           capture_output=True, text=True, timeout=180, cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=env_path))
+        assert p.returncode == 2, (p.stdout, p.stderr[-2000:])
+        assert message in p.stderr, p.stderr[-2000:]
