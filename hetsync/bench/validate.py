@@ -1,0 +1,389 @@
+"""The simulator against the emulation: predicted and measured samples/s, one resumable command.
+
+``python -m hetsync.bench.validate --out runs/validate [--np 4 8] [--scenarios A,B] [--protocols a,b]
+[--fit-s S] [--time-cap-min M] [--update-docs]``
+
+For each rank count, scenario and protocol it launches the training job on the emulated cluster of this
+machine (``device:MS`` scenarios, one host; MNIST from the data directory, else the digits set), reads the
+run's ``summary.json`` ``samples_per_s`` (samples over the fit's wall time), and compares it with
+:mod:`hetsync.sim`'s prediction for the same scenario, world size, model and batch size. The prediction's
+inputs never come from the run being predicted: the step times are drawn from the scenario language, and
+what happens outside the device time comes from a separate *probe run* of each protocol (2 epochs,
+``device:40`` without slowdowns, another seed) at the same world size (:func:`probe_overheads`): the time
+per step beyond the device time, from which the simulator's ``host_ms`` is calibrated so that it reproduces
+the probe (:func:`calibrate_host_ms`), and two fixed costs added to the simulated time of the fit, the first
+step (tracing) and each epoch boundary (:func:`with_fixed_costs`). Runs are long enough that the first step
+(tracing, the compile) is under 5% of the fit: the table reports that share, and the emulation's overrun
+fraction, per run; rows at or above 1% overruns are marked, as the benchmark marks them.
+
+Every run keeps its folder; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
+(resumable), and ``--time-cap-min`` stops starting new runs after that many minutes. ``validation.json``
+holds every row; ``--update-docs`` writes ``docs/results/validation.json`` and the generated table of
+``docs/simulator.md``.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+from tabulate import tabulate
+
+from hetsync.bench import launch
+from hetsync.bench.efficiency import read_jsonl
+
+__all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "predict", "run_one",
+           "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
+           "TRAIN_SAMPLES"]
+
+#: the validation scenarios, each a function of the world size n giving a slowdown spec, and which protocol
+#: the scenario is expected to favour.
+SCENARIOS = {
+    "homogeneous": (lambda n: "device:40", "BSP: no heterogeneity"),
+    "random": (lambda n: "device:40+random:6", "RNA: random stragglers"),
+    "uniform": (lambda n: "device:40+uniform:0:50", "RNA: random extra delays (RNA section 8)"),
+    "speeds": (lambda n: "device:40+speeds:" + ",".join(["1"] * (n - 1) + ["0.5"]), "task allocation: a speed mix"),
+    "straggler": (lambda n: f"device:40+deterministic:{n - 1}:4", "Hop: one deterministic straggler"),
+    "slownet": (lambda n: "device:40+netdelay:50", "local SGD or FedAvg: a slow network"),
+    "mixed": (lambda n: "device:40+uniform:0:50@0-" + str(n // 2 - 1) + "+uniform:50:100@" + str(n // 2) + "-"
+              + str(n - 1), "RNA: mixed heterogeneity (RNA section 8.1)"),
+    "random-slownet": (lambda n: "device:40+random:6+netdelay:20", "random stragglers on a slow network"),
+}
+#: the protocols validated (no server ranks: every rank computes).
+PROTOCOLS = ("bsp", "rna", "localsgd", "fedavg", "taskalloc", "hop")
+#: protocol arguments of the validation runs (``KEY=VALUE``), the same for the prediction.
+PROTOCOL_ARGS = {"taskalloc": ("mode=adaptive",), "hop": ("graph=ring",)}
+#: training samples per epoch of the job's data sets (80% of MNIST's 10,000 test files; 80% of the 1,797 digits).
+TRAIN_SAMPLES = {"mnist": 8000, "digits": 1437}
+#: the generated table's markers in the documentation page.
+BEGIN, END = "<!-- BEGIN generated: simulator validation -->", "<!-- END generated: simulator validation -->"
+
+
+def scenario_spec(name, n):
+    """The slowdown spec (str) of validation scenario ``name`` at ``n`` ranks.
+
+    Raises:
+        ValueError: an unknown scenario (names the known ones).
+    """
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown validation scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    return SCENARIOS[name][0](n)
+
+
+def _sim_config(protocol):
+    cfg = {}
+    for kv in PROTOCOL_ARGS.get(protocol, ()):
+        k, _, v = kv.partition("=")
+        cfg[k] = int(v) if v.isdigit() else v
+    return cfg
+
+
+def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, seed=0, samples_per_epoch=None):
+    """The simulator's samples/s for one validation run.
+
+    Args:
+        protocol: str. spec: str slowdown spec. n: int world size. host_ms: float milliseconds of host work per
+            step (from the probe run). model_bytes: int bytes of the gradient. batch_size: int per-rank samples.
+        steps: int draws per rank. seed: int. samples_per_epoch: int or None (FedAvg's period).
+
+    Returns:
+        :class:`hetsync.sim.result.SimResult`.
+    """
+    from hetsync.sim import network, registry, workload
+
+    times = workload.step_times(spec, n, steps, seed=seed)
+    net = network.Network.from_spec(n)
+    work = workload.Workload(model_bytes=int(model_bytes), batch_size=int(batch_size), host_ms=float(host_ms))
+    cfg = _sim_config(protocol)
+    if protocol == "fedavg" and samples_per_epoch:
+        cfg["samples_per_epoch"] = int(samples_per_epoch)
+    return registry.simulate(protocol, times, net, work, **cfg)
+
+
+def _run_dir(out, n, scenario, protocol, seed):
+    return os.path.join(out, "runs", f"np{n}", scenario, protocol, f"seed{seed}")
+
+
+def _data_args(digits):
+    return launch.dataset_args(digits=digits)
+
+
+def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0):
+    """Launch one validation run unless its ``summary.json`` exists; return the summary (dict).
+
+    Args:
+        out_dir: str run folder. n: int ranks. spec: str slowdown spec. protocol: str. seed: int. epochs: int.
+        digits: bool, use the digits set even when MNIST is there. timeout_s: float seconds.
+
+    Raises:
+        RuntimeError: the launch failed (its output's tail in the message).
+        subprocess.TimeoutExpired: the launch ran past ``timeout_s``.
+    """
+    path = os.path.join(out_dir, "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    os.makedirs(out_dir, exist_ok=True)
+    argv = launch.job_argv(protocol, out_dir, PROTOCOL_ARGS.get(protocol, ()),
+                           extra=_data_args(digits), epochs=epochs, slowdown=spec, seed=seed, batch_size=32)
+    proc = launch.run(launch.horovodrun(n, argv), timeout_s)
+    if proc.returncode != 0 or not os.path.exists(path):
+        tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
+        raise RuntimeError(f"validation run {protocol} np{n} {spec!r} seed {seed} failed (status "
+                           f"{proc.returncode}):\n{tail}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _records(run_dir):
+    out = []
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("rank") and name.endswith(".jsonl"):
+            out.append(read_jsonl(os.path.join(run_dir, name)))
+    return out
+
+
+def probe_overheads(run_dir):
+    """What a probe run measured outside the emulated device time.
+
+    Args:
+        run_dir: str, the probe run's folder (``rank*.jsonl`` step records with ``wall_s``, ``epoch``,
+            ``emulated_ms``).
+
+    Returns:
+        dict of floats, or None without records: ``cycle_ms``, the mean over ranks of the mean wall time per step
+        (between consecutive steps' ends) within the epochs after the first, less the mean emulated device time,
+        in milliseconds (Keras' per-step work, the callbacks, the protocol's own exchanges and periodic averages,
+        CPU contention between ranks); ``host_ms_median``, the median over ranks of the median of the same
+        per-step figure; ``first_step_s``, seconds from train begin to the first step's end (tracing, compiling;
+        median over ranks); ``boundary_s``, seconds between the last step of epoch 0 and the first of epoch 1
+        beyond one mean cycle (rank 0's evaluation, the data plan's new epoch; median over ranks).
+    """
+    cycle, medians, first, boundary = [], [], [], []
+    for recs in _records(run_dir):
+        if not recs or "wall_s" not in recs[0]:
+            continue
+        first.append(recs[0]["wall_s"])
+        later = [i for i, r in enumerate(recs) if r.get("epoch", 0) >= 1]
+        if not later or later[0] == 0:
+            continue
+        i0 = later[0]
+        pairs = [(a, b) for a, b in zip(recs[i0:], recs[i0 + 1:]) if a.get("epoch") == b.get("epoch")]
+        if not pairs:
+            continue
+        per = [(b["wall_s"] - a["wall_s"]) * 1e3 - b.get("emulated_ms", 0.0) for a, b in pairs]
+        mean = statistics.mean(per)
+        cycle.append(mean)
+        medians.append(statistics.median(per))
+        gap = (recs[i0]["wall_s"] - recs[i0 - 1]["wall_s"]) * 1e3 - recs[i0].get("emulated_ms", 0.0) - mean
+        boundary.append(max(gap, 0.0) / 1e3)
+    if not cycle:
+        return None
+    return {"cycle_ms": float(statistics.mean(cycle)), "host_ms_median": float(statistics.median(medians)),
+            "first_step_s": float(statistics.median(first)), "boundary_s": float(statistics.median(boundary))}
+
+
+def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0):
+    """The simulator's ``host_ms`` that reproduces the probe: the probe's measured time per step beyond the device
+    time (``cycle_ms``) less what the simulator itself adds on the probe's cluster (its communication and waits
+    with ``host_ms`` = 0), at least 0.
+
+    Args:
+        protocol: str. n: int world size. overheads: :func:`probe_overheads`'s dict. probe_spec: str, the probe's
+            scenario. steps, seed: ints of the simulation.
+
+    Returns:
+        float milliseconds.
+    """
+    from hetsync.sim import workload
+
+    base = predict(protocol, probe_spec, n, 0.0, workload.EXAMPLE_MODEL_BYTES, 32, steps=steps, seed=seed,
+                   samples_per_epoch=None)
+    device = workload.step_times(probe_spec, n, 1).ms.mean()
+    sim_over = n * 32 / base.samples_per_s * 1e3 - device
+    return max(overheads["cycle_ms"] - sim_over, 0.0)
+
+
+def with_fixed_costs(samples_per_s, samples, epochs, overheads):
+    """Samples/s over a whole fit: the simulated steady rate plus the probe's fixed costs (the first step and
+    each epoch boundary after the first epoch).
+
+    Args:
+        samples_per_s: float > 0, simulated. samples: int, samples of the whole fit (epochs x samples per epoch).
+        epochs: int >= 1. overheads: :func:`probe_overheads`'s dict.
+
+    Returns:
+        float samples per second.
+    """
+    seconds = overheads["first_step_s"] + samples / samples_per_s + (epochs - 1) * overheads["boundary_s"]
+    return samples / seconds
+
+
+def compile_fraction(run_dir, summary):
+    """Share of the fit's wall time taken by the first step (tracing and compile): the largest over ranks of the
+    first record's ``wall_s`` over the summary's ``wall_s`` (float), or None without records."""
+    firsts = [recs[0]["wall_s"] for recs in _records(run_dir) if recs and "wall_s" in recs[0]]
+    return max(firsts) / summary["wall_s"] if firsts and summary.get("wall_s") else None
+
+
+def _overrun(summary):
+    return summary.get("overrun_fraction")
+
+
+def table(rows):
+    """The validation table (Markdown, str) and the error summary line."""
+    body = []
+    errs = []
+    for r in rows:
+        err = r.get("error")
+        if err is not None:
+            errs.append(abs(err))
+        body.append([f"np{r['np']}", r["scenario"], r["protocol"], f"{r['measured']:.0f}",
+                     f"{r['predicted']:.0f}", "" if err is None else f"{err * 100:+.1f}%",
+                     "" if r.get("compile_fraction") is None else f"{r['compile_fraction'] * 100:.1f}%",
+                     "" if r.get("overrun") is None else f"{r['overrun'] * 100:.1f}%" + (" (!)" if r["overrun"] >= 0.01 else "")])
+    text = tabulate(body, headers=["ranks", "scenario", "protocol", "measured samples/s", "predicted", "error",
+                                   "first step", "overruns"], tablefmt="github")
+    summary = (f"{len(errs)} runs: median |error| {statistics.median(errs) * 100:.1f}%, worst "
+               f"{max(errs) * 100:.1f}%" if errs else "no runs")
+    return text, summary
+
+
+def main(argv=None):
+    """``python -m hetsync.bench.validate``: run (or resume) the validation and print its table.
+
+    Args:
+        argv: list of str (default ``sys.argv[1:]``); see ``--help``.
+
+    Returns:
+        int exit status: 0, or 1 when a run failed (the others are kept).
+
+    Raises:
+        SystemExit: bad arguments (argparse names the value).
+    """
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/validate", help="output folder (reused: finished runs are skipped)")
+    p.add_argument("--np", type=int, nargs="+", default=[4, 8], help="world sizes")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
+    p.add_argument("--fit-s", type=float, default=55.0, help="seconds each run should train: its epochs are chosen "
+                   "from the predicted samples/s so that the first step (about 2.5 s) stays under 5%% of the fit")
+    p.add_argument("--seed", type=int, default=1, help="seed of the validated runs (the probes use seed + 100)")
+    p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
+    p.add_argument("--update-docs", action="store_true", help="write docs/results/validation.json and the table "
+                   "of docs/simulator.md")
+    p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
+    args = p.parse_args(argv)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
+    for s in scenarios:
+        if s not in SCENARIOS:
+            p.error(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
+    for proto in protocols:
+        if proto not in PROTOCOLS:
+            p.error(f"protocol {proto!r} is not validated; choose from {', '.join(PROTOCOLS)}")
+    if any(n < 2 for n in args.np):
+        p.error(f"--np needs world sizes >= 2, got {args.np}")
+    from hetsync.sim import workload
+
+    t0 = time.monotonic()
+    rows, failed = [], 0
+    mnist = launch.mnist_dir() is not None and not args.digits
+    train_samples = TRAIN_SAMPLES["mnist" if mnist else "digits"]
+    for n in args.np:
+        host = {}
+        for proto in protocols:
+            pdir = os.path.join(args.out, "probes", f"np{n}", proto)
+            try:
+                run_one(pdir, n, "device:40", proto, args.seed + 100, 2, args.digits)
+            except (RuntimeError, OSError) as exc:
+                print(f"probe {proto} np{n} failed: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            over = probe_overheads(pdir)
+            if over is None:
+                print(f"probe {proto} np{n}: no step records", file=sys.stderr)
+                failed += 1
+                continue
+            try:
+                over["host_ms"] = calibrate_host_ms(proto, n, over)
+            except Exception as exc:  # noqa: BLE001 - no model yet: the measured cycle as it is
+                print(f"probe {proto} np{n}: not calibrated ({exc})", file=sys.stderr)
+                over["host_ms"] = over["cycle_ms"]
+            host[proto] = over
+            print(f"probe {proto} np{n}: {over['cycle_ms']:.1f} ms per step beyond the device time (median step "
+                  f"{over['host_ms_median']:.1f}), simulator host_ms {over['host_ms']:.1f}, first step "
+                  f"{over['first_step_s']:.2f} s, epoch boundary {over['boundary_s']:.2f} s", flush=True)
+        for sname in scenarios:
+            spec = scenario_spec(sname, n)
+            for proto in protocols:
+                if proto not in host:
+                    continue
+                rdir = _run_dir(args.out, n, sname, proto, args.seed)
+                done = os.path.exists(os.path.join(rdir, "summary.json"))
+                if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
+                    print(f"time cap reached: np{n} {sname} {proto} not started", file=sys.stderr)
+                    continue
+                try:
+                    guess = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
+                                    seed=args.seed + 7)
+                except Exception as exc:  # noqa: BLE001 - no model yet: size the run by BSP's
+                    print(f"no prediction for {proto} ({exc}); sizing the run by BSP's", file=sys.stderr)
+                    guess = predict("bsp", spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
+                                    seed=args.seed + 7)
+                epochs = max(2, math.ceil(args.fit_s * guess.samples_per_s / train_samples))
+                try:
+                    summ = run_one(rdir, n, spec, proto, args.seed, epochs, args.digits)
+                except (RuntimeError, OSError) as exc:
+                    print(str(exc), file=sys.stderr)
+                    failed += 1
+                    continue
+                epochs = summ.get("epochs") or epochs
+                try:
+                    pred = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
+                                   seed=args.seed, samples_per_epoch=train_samples)
+                except Exception as exc:  # noqa: BLE001 - keep the run; predict again on a rerun
+                    print(f"no prediction for {proto} np{n} {sname}: {exc}", file=sys.stderr)
+                    continue
+                meas = summ["samples_per_s"]
+                whole = with_fixed_costs(pred.samples_per_s, summ.get("samples") or epochs * train_samples, epochs,
+                                         host[proto])
+                rows.append({"np": n, "scenario": sname, "spec": spec, "protocol": proto, "seed": args.seed,
+                             "measured": meas, "predicted": whole, "predicted_steady": pred.samples_per_s,
+                             "measured_steady": summ.get("samples_per_s_steady"),
+                             "error": whole / meas - 1.0, "probe": host[proto],
+                             "compile_fraction": compile_fraction(rdir, summ), "overrun": _overrun(summ),
+                             "dataset": "mnist" if mnist else "digits", "epochs": epochs,
+                             "wall_s": summ.get("wall_s")})
+                print(f"np{n} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
+                      f"({rows[-1]['error'] * 100:+.1f}%)", flush=True)
+    text, summary = table(rows)
+    given = list(sys.argv[1:] if argv is None else argv)
+    shown = [a for i, a in enumerate(given) if not (a.startswith("--out") or i and given[i - 1] == "--out")]
+    doc = {"command": " ".join(["python -m hetsync.bench.validate"] + shown),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "rows": rows, "summary": summary}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "validation.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    print(text)
+    print(summary)
+    if args.update_docs:
+        from hetsync.bench import docpages
+
+        os.makedirs(os.path.join(args.docs_dir, "results"), exist_ok=True)
+        with open(os.path.join(args.docs_dir, "results", "validation.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        page = os.path.join(args.docs_dir, "simulator.md")
+        with open(page) as f:
+            old = f.read()
+        body = f"Measured {doc['date_utc']} UTC with `{doc['command']}`; {summary}.\n\n{text}"
+        with open(page, "w") as f:
+            f.write(docpages.replace_block(old, BEGIN, END, body, "## Validation"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
