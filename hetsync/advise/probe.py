@@ -62,19 +62,31 @@ class Watchdog:
     def __init__(self, timeout_s):
         self.stage = "starting"
         self.timeout_s = float(timeout_s)
+        # the message goes to the stderr of the moment the probe starts: TensorFlow's import captures file
+        # descriptor 2 for a while (hetsync.world.quiet_startup), and a message written there would be lost
+        try:
+            self._fd = os.dup(2)
+        except OSError:
+            self._fd = None
         self._timer = threading.Timer(self.timeout_s, self._fire)
         self._timer.daemon = True
         self._timer.start()
 
     def _fire(self):
-        sys.stderr.write(f"hetsync advise: the probe did not finish within --timeout-s={self.timeout_s:g} s "
-                         f"(stage: {self.stage}); ending this rank\n")
-        sys.stderr.flush()
+        text = (f"hetsync advise: the probe did not finish within --timeout-s={self.timeout_s:g} s "
+                f"(stage: {self.stage}); ending this rank\n").encode()
+        try:
+            os.write(self._fd if self._fd is not None else 2, text)
+        except OSError:
+            pass
         os._exit(3)
 
     def cancel(self):
-        """Stop the timer (the probe is done)."""
+        """Stop the timer (the probe is done) and close the saved stderr."""
         self._timer.cancel()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class ProbeError(ValueError):
