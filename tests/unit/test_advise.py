@@ -70,12 +70,17 @@ def test_bad_input_is_refused_with_the_value(args, message):
 
 def test_the_probe_refuses_a_model_that_does_not_build_before_anything_starts(tmp_path):
     (tmp_path / "badmodels.py").write_text("def build():\n    raise RuntimeError('boom: no such layer')\n")
-    env_path = f"{tmp_path}{os.pathsep}{ROOT}"
-    for spec, message in (("badmodels:build", "the model does not build: RuntimeError: boom"),
-                          ("nosuchmodule:build", "module 'nosuchmodule' does not import"),
-                          ("badmodels", "give MODULE:FUNCTION")):
-        p = subprocess.run([sys.executable, "-m", "hetsync.advise", "--model", spec, "--probe-s", "2"],
-                           capture_output=True, text=True, timeout=180, cwd=ROOT,
-                           env=dict(os.environ, PYTHONPATH=env_path))
-        assert p.returncode == 2, (p.stdout, p.stderr[-2000:])
-        assert message in p.stderr, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "hetsync.advise", "--model", "badmodels:build", "--probe-s", "2"],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))
+    assert p.returncode == 2, (p.stdout, p.stderr[-2000:])
+    assert "the model does not build: RuntimeError: boom" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_model_name_that_does_not_resolve_is_a_probe_error():
+    from hetsync.advise import probe
+
+    for spec, message in (("nosuchmodule:build", "module 'nosuchmodule' does not import"),
+                          ("badformat", "give MODULE:FUNCTION"), ("json:nosuchfn", "has no callable 'nosuchfn'")):
+        with pytest.raises(probe.ProbeError, match=message):
+            probe.load_model_factory(spec)
