@@ -18,8 +18,8 @@ fraction, per run; rows at or above 1% overruns are marked, as the benchmark mar
 
 Every run keeps its folder; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
 (resumable), and ``--time-cap-min`` stops starting new runs after that many minutes. ``validation.json``
-holds every row; ``--update-docs`` writes ``docs/results/validation.json`` and the generated table of
-``docs/simulator.md``.
+holds every row; ``--update-docs`` writes ``docs/simulator/validation.json`` (beside the page; ``docs/results/``
+holds only benchmark summaries) and the generated table of ``docs/simulator.md``.
 """
 import argparse
 import json
@@ -273,7 +273,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1, help="seed of the validated runs (the probes use seed + 100)")
     p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
     p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
-    p.add_argument("--update-docs", action="store_true", help="write docs/results/validation.json and the table "
+    p.add_argument("--update-docs", action="store_true", help="write docs/simulator/validation.json and the table "
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
     args = p.parse_args(argv)
@@ -373,8 +373,8 @@ def main(argv=None):
     if args.update_docs:
         from hetsync.bench import docpages
 
-        os.makedirs(os.path.join(args.docs_dir, "results"), exist_ok=True)
-        with open(os.path.join(args.docs_dir, "results", "validation.json"), "w") as f:
+        os.makedirs(os.path.join(args.docs_dir, "simulator"), exist_ok=True)
+        with open(os.path.join(args.docs_dir, "simulator", "validation.json"), "w") as f:
             json.dump(doc, f, indent=1)
         page = os.path.join(args.docs_dir, "simulator.md")
         with open(page) as f:
