@@ -34,10 +34,15 @@ def results_markers(preset):
             "do not edit by hand) -->", f"<!-- hetsync-bench {preset} results: end -->")
 
 
-def _command(results):
-    """The run's command (str) without ``--out DIR``: the output folder is the runner's own (often outside the
+def without_out(command):
+    """``command`` (str) without ``--out DIR``: the output folder is the runner's own (often outside the
     checkout), not part of what reproduces the figures."""
-    return re.sub(r"\s--out(?:=|\s+)\S+", "", results["command"])
+    return re.sub(r"\s--out(?:=|\s+)\S+", "", command)
+
+
+def _command(results):
+    """The run's command (str) without ``--out DIR``."""
+    return without_out(results["command"])
 
 
 def results_section(results, image_rel, micro=None):

@@ -5,14 +5,12 @@ table, writes ``OUT/scale.json`` and the plots, and with ``--update-docs`` write
 ``docs/simulator.md`` (between :data:`BEGIN` and :data:`END`) and copies the plots to ``docs/bench/``. The
 simulator itself (:mod:`hetsync.sim`) writes no documentation: it imports only TF-free modules.
 """
-import argparse
 import json
 import os
 import sys
 
 from hetsync.bench import docpages
-from hetsync.sim import registry
-from hetsync.sim.scale import PROTOCOLS, SCENARIOS, pivot, plot, run, scenario_spec
+from hetsync.sim.scale import SCENARIOS, parse, parser, pivot, plot, run, scenario_spec
 
 __all__ = ["BEGIN", "END", "update_docs", "main"]
 
@@ -57,31 +55,21 @@ def main(argv=None):
     Raises:
         SystemExit: bad arguments (argparse names the value).
     """
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/scale", help="output folder")
-    p.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512, 1024])
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated protocols")
+    p = parser(__doc__.splitlines()[0])
     p.add_argument("--update-docs", action="store_true", help="write the table into docs/simulator.md and the "
                    "plots into docs/bench/")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
-    args = p.parse_args(argv)
-    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
-    for q in protocols:
-        if q not in registry.MODELS:
-            p.error(f"no timing model for {q!r}; known: {', '.join(registry.names())}")
-    if min(args.ranks) < 2:
-        p.error(f"--ranks must be >= 2, got {args.ranks}")
+    args, protocols = parse(p, argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = run(args.ranks, protocols)
+    rows = run(args.ranks, protocols, args.steps, args.link, args.seed)
     with open(os.path.join(args.out, "scale.json"), "w") as f:
         json.dump({"rows": rows}, f, indent=1)
     paths = plot(rows, args.out)
     for sname in SCENARIOS:
         print(pivot(rows, sname))
     if args.update_docs:
-        given = list(sys.argv[1:] if argv is None else argv)
-        shown = [a for i, a in enumerate(given) if not (a.startswith("--out") or i and given[i - 1] == "--out")]
-        update_docs(rows, paths, args.docs_dir, " ".join(shown))
+        given = " ".join(sys.argv[1:] if argv is None else argv)
+        update_docs(rows, paths, args.docs_dir, docpages.without_out(" " + given).strip())
     return 0
 
 

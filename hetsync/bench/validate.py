@@ -361,9 +361,10 @@ def main(argv=None):
                 print(f"np{n} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
                       f"({rows[-1]['error'] * 100:+.1f}%)", flush=True)
     text, summary = table(rows)
-    given = list(sys.argv[1:] if argv is None else argv)
-    shown = [a for i, a in enumerate(given) if not (a.startswith("--out") or i and given[i - 1] == "--out")]
-    doc = {"command": " ".join(["python -m hetsync.bench.validate"] + shown),
+    from hetsync.bench import docpages
+
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    doc = {"command": docpages.without_out("python -m hetsync.bench.validate " + given),
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "rows": rows, "summary": summary}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "validation.json"), "w") as f:
@@ -371,8 +372,6 @@ def main(argv=None):
     print(text)
     print(summary)
     if args.update_docs:
-        from hetsync.bench import docpages
-
         os.makedirs(os.path.join(args.docs_dir, "simulator"), exist_ok=True)
         with open(os.path.join(args.docs_dir, "simulator", "validation.json"), "w") as f:
             json.dump(doc, f, indent=1)

@@ -26,7 +26,7 @@ from tabulate import tabulate
 from hetsync.sim import network, registry, target, workload
 
 __all__ = ["SCENARIOS", "scenario_spec", "hosts_for", "run", "plot", "pivot", "main", "MODEL_BYTES", "RANKS_PER_HOST",
-           "SAMPLES_PER_EPOCH", "PROTOCOLS", "CONFIGS"]
+           "SAMPLES_PER_EPOCH", "PROTOCOLS", "CONFIGS", "parser", "parse"]
 
 #: the scenarios of the study: name -> (function of n giving the spec, description).
 SCENARIOS = {
@@ -143,6 +143,38 @@ def pivot(rows, scenario):
     return tabulate(body, headers=["ranks"] + protos, tablefmt="github")
 
 
+def parser(description):
+    """The study's command line (``argparse.ArgumentParser``): ``--out``, ``--ranks``, ``--protocols``, ``--steps``,
+    ``--link``, ``--seed``; :mod:`hetsync.bench.scale_study` adds its documentation options."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", default="runs/scale", help="output folder")
+    p.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated protocols")
+    p.add_argument("--steps", type=int, default=200, help="simulated steps per rank")
+    p.add_argument("--link", default="25gbit", help="host link rate (tc units)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse(p, argv=None):
+    """Parse and check the study's arguments.
+
+    Returns:
+        ``(args, protocols)``: the namespace and the list of protocol names.
+
+    Raises:
+        SystemExit: an unknown protocol or a rank count below 2 (``p.error`` names it).
+    """
+    args = p.parse_args(argv)
+    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
+    for q in protocols:
+        if q not in registry.MODELS:
+            p.error(f"no timing model for {q!r}; known: {', '.join(registry.names())}")
+    if min(args.ranks) < 2:
+        p.error(f"--ranks must be >= 2, got {args.ranks}")
+    return args, protocols
+
+
 def main(argv=None):
     """``python -m hetsync.sim.scale``: run the study, print its table, write ``scale.json`` and the plots.
 
@@ -155,20 +187,7 @@ def main(argv=None):
     Raises:
         SystemExit: bad arguments (argparse names the value).
     """
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/scale", help="output folder")
-    p.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512, 1024])
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated protocols")
-    p.add_argument("--steps", type=int, default=200, help="simulated steps per rank")
-    p.add_argument("--link", default="25gbit", help="host link rate (tc units)")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
-    for q in protocols:
-        if q not in registry.MODELS:
-            p.error(f"no timing model for {q!r}; known: {', '.join(registry.names())}")
-    if min(args.ranks) < 2:
-        p.error(f"--ranks must be >= 2, got {args.ranks}")
+    args, protocols = parse(parser(__doc__.splitlines()[0]), argv)
     os.makedirs(args.out, exist_ok=True)
     rows = run(args.ranks, protocols, args.steps, args.link, args.seed)
     with open(os.path.join(args.out, "scale.json"), "w") as f:
