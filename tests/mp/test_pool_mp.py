@@ -1,10 +1,10 @@
 """Work conservation with real mpirun jobs: the asynchronous protocols on the sample pool.
 
 Each run: 2-3 ranks, digits (N = 1437 training samples), batch 32, an emulated device with rank 1
-three times slower. Checked on the outputs: every epoch hands out exactly N samples, each index
+four times slower. Checked on the outputs: every epoch hands out exactly N samples, each index
 once (the server's per-index counts; the clients' confirmations match what they were handed), the
 per-rank step logs agree with the pool's per-rank batch counts, the slow rank processes fewer
-batches, the final weights are equal where the protocol averages at the end, accuracy is sane.
+batches once every rank has compiled (the epochs after the first), the final weights are equal where the protocol averages at the end, accuracy is sane.
 """
 import collections
 
@@ -17,7 +17,7 @@ N_DIGITS = 1437
 EPOCHS = 3
 
 
-def run_pool(tmp_path, protocol, np_=3, extra=(), slowdown="device:15+deterministic:1:3"):
+def run_pool(tmp_path, protocol, np_=3, extra=(), slowdown="device:20+deterministic:1:4"):
     out = tmp_path / protocol
     launch(np_, ["examples/keras_digits.py", "--protocol", protocol, "--dataset", "digits", "--epochs", str(EPOCHS),
                  "--batch-size", "32", "--slowdown", slowdown, "--out", str(out), "--quiet", *extra], timeout=420)
@@ -25,7 +25,10 @@ def run_pool(tmp_path, protocol, np_=3, extra=(), slowdown="device:15+determinis
 
 
 def check_pool(out, s, workers):
-    """The pool's accounting and the per-rank logs; returns {rank: batches over the run}."""
+    """The pool's accounting and the per-rank logs; returns {rank: batches in the epochs after the first}.
+
+    The first epoch is left out of the returned counts: a rank's first, compiling step can take a second or two
+    longer on a loaded machine while the others drain that epoch, which says nothing of the device speeds."""
     p = s["stats"]["pool"]
     assert p["n"] == N_DIGITS and len(p["epochs"]) == EPOCHS
     assert p["lost"] == p["repeated"] == p["missing"] == p["mismatched"] == 0
@@ -42,18 +45,16 @@ def check_pool(out, s, workers):
         for e in p["epochs"]:  # each rank's step log agrees with the batches the pool gave it
             assert steps.get(e["epoch"], 0) == e["per_rank_batches"][str(w)]
         assert per_rank[w]["samples"] == sum(e["per_rank_samples"][str(w)] for e in p["epochs"])
-        batches[w] = sum(e["per_rank_batches"][str(w)] for e in p["epochs"])
+        batches[w] = sum(e["per_rank_batches"][str(w)] for e in p["epochs"][1:])
     return batches
 
 
 def test_rna_on_the_pool_conserves_work_and_ends_with_one_model(tmp_path):
     out, s = run_pool(tmp_path, "rna")
     batches = check_pool(out, s, [0, 1, 2])
-    # the 3x slower rank draws fewer batches than rank 2, whose device is as fast as rank 0's. Not against rank 0:
-    # this run lasts about 4 s, and rank 0 (which also serves the pool) can spend a second longer in its first,
-    # compiling step on a loaded machine, while the others drain epoch 0 (seen: rank 0 drew 2 batches of epoch 0
-    # and 30 in all, the slow rank 36, rank 2 66)
-    assert batches[1] < batches[2]
+    # after the first epoch the 4x slower rank draws fewer batches than either fast rank (over the whole run it did
+    # not always: rank 2 drew 33 batches to the slow rank's 38 when its first step ran long on a loaded machine)
+    assert batches[1] < min(batches[0], batches[2])
     assert s["weights_in_sync"] and s["stats"]["final_average"]
     assert s["final_test_accuracy"] > 0.7
 
