@@ -258,6 +258,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             raise ValueError(f"BackupAndRestore: steps_per_execution={spe} is not supported (saves and resumes "
                              "fall on step boundaries); compile with steps_per_execution=1")
         self.protocol = protocol_of(self.model.optimizer)
+        if self.protocol.name == "auto":
+            raise ValueError("BackupAndRestore: hetsync.Auto switches the protocol during fit, and a resumed run "
+                             "cannot return to the middle of its warm-up; checkpoint a run of the protocol it chose "
+                             "(the summary's chosen_by, or the saved model's optimizer)")
         self.steps_per_epoch = int(self.params.get("steps") or 0)
         if self.steps_per_epoch < 1:
             raise ValueError("BackupAndRestore: model.fit needs a known steps_per_epoch (got "

@@ -140,7 +140,13 @@ class ProtocolHooks(keras.callbacks.Callback):
 
     def __init__(self, optimizer):
         super().__init__()
-        self.protocol = protocol_of(optimizer)
+        protocol_of(optimizer)
+        self._optimizer = optimizer
+
+    @property
+    def protocol(self):
+        """The optimizer's protocol now (``hetsync.Auto`` switches it between two steps)."""
+        return protocol_of(self._optimizer)
 
     def _wrap_train_function(self):
         """Wrap the model's train function once (:class:`_RaisingNonFinite`); again if another callback

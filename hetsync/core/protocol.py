@@ -213,7 +213,9 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
 
         Args:
             model: the ``keras.Model`` being fit.
-            params: dict, Keras' callback parameters (``epochs``, ``steps`` per epoch or None, ``verbose``).
+            params: dict, Keras' callback parameters (``epochs``, ``steps`` per epoch or None, ``verbose``), and
+                ``start_step`` (int >= 0) when the protocol takes over a fit that has already run that many
+                steps (:func:`hetsync.Auto`'s switch; absent otherwise, meaning 0).
 
         Returns:
             True to stop training before the first step (``model.stop_training``; a parameter-server

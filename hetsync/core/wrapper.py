@@ -29,7 +29,8 @@ import tensorflow as tf
 from hetsync import world
 from hetsync.core import step
 
-__all__ = ["wrap", "protocol_of", "protocol_wrapper", "wrapped_class", "load_model", "PROTOCOL_CLASSES"]
+__all__ = ["wrap", "rebind", "chosen_by", "protocol_of", "protocol_wrapper", "wrapped_class", "load_model",
+           "PROTOCOL_CLASSES"]
 
 #: protocol name (``"rna"``) -> protocol class, for every protocol with a public wrapper (filled by
 #: :func:`protocol_wrapper`); used to rebuild the protocol of a saved model.
@@ -96,6 +97,8 @@ class _ProtocolOptimizer:
         proto = self.hetsync_protocol
         config[_KEY] = {"protocol": proto.name, "config": proto.config(),
                         "optimizer": _class_ref(self.hetsync_optimizer_class)}
+        if getattr(self, "hetsync_chosen_by", None) is not None:
+            config[_KEY]["chosen_by"] = self.hetsync_chosen_by
         return config
 
     @classmethod
@@ -111,6 +114,7 @@ class _ProtocolOptimizer:
         target = wrapped_class(proto_cls, _resolve_class(spec["optimizer"], custom_objects))
         optimizer = super(_ProtocolOptimizer, target).from_config(config, custom_objects=custom_objects)
         _attach(optimizer, proto_cls(proto_cls.Config(**spec["config"])))
+        optimizer.hetsync_chosen_by = spec.get("chosen_by")
         return optimizer
 
 
@@ -178,6 +182,53 @@ def wrap(optimizer, protocol):
     wrapped = super(_ProtocolOptimizer, cls).from_config(optimizer.get_config())
     _attach(wrapped, protocol)
     return wrapped
+
+
+def rebind(optimizer, protocol, chosen_by=None):
+    """Switch a wrapped optimizer to another protocol between two training steps (:func:`hetsync.Auto`'s switch).
+
+    The optimizer keeps its variables, slots, learning rate and iteration count; it becomes an instance of
+    the new protocol's wrapped class (``Auto_SGD`` becomes ``RNA_SGD``: same base optimizer class, same
+    layout), ``protocol`` is attached to it (:meth:`hetsync.core.protocol.Protocol.attach`: roles, statistics,
+    :meth:`~hetsync.core.protocol.Protocol.build`), and ``chosen_by`` is saved with the model beside the
+    protocol (``get_config``), so :func:`load_model` restores the new protocol and keeps the record. The
+    compiled train step still holds the old protocol's step: the caller rebuilds it
+    (``model.make_train_function(force=True)``, from a training hook, before the next step); the callbacks
+    find the new protocol through the optimizer.
+
+    Args:
+        optimizer: an optimizer wrapped by a hetsync protocol.
+        protocol: a :class:`hetsync.core.protocol.Protocol` instance, not yet attached.
+        chosen_by: JSON-serialisable dict or None: why this protocol (saved with the model, read by
+            :func:`chosen_by`).
+
+    Returns:
+        ``optimizer`` (the same object).
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+        ValueError: ``protocol`` is already attached to an optimizer.
+        RuntimeError: what :meth:`~hetsync.core.protocol.Protocol.attach` raises (an MPI-only protocol under Gloo).
+    """
+    protocol_of(optimizer)
+    if protocol.optimizer is not None:
+        raise ValueError(f"hetsync.rebind: protocol {protocol.name!r} is already attached to an optimizer")
+    optimizer.__class__ = wrapped_class(type(protocol), optimizer.hetsync_optimizer_class)
+    _attach(optimizer, protocol)
+    optimizer.hetsync_chosen_by = chosen_by
+    return optimizer
+
+
+def chosen_by(optimizer):
+    """Return the record of why the optimizer's protocol was chosen (dict), or None if it was not switched.
+
+    Set by :func:`rebind` (:func:`hetsync.Auto`'s choice) and restored by :func:`load_model`.
+
+    Raises:
+        TypeError: ``optimizer`` is not hetsync-wrapped.
+    """
+    protocol_of(optimizer)
+    return getattr(optimizer, "hetsync_chosen_by", None)
 
 
 def protocol_of(optimizer):

@@ -90,7 +90,6 @@ class Slowdown(keras.callbacks.Callback):
             raise ValueError(f"Slowdown: model.compile(steps_per_execution={spe}) is not supported with a straggler "
                              "scenario; the scenario stamps every step's start before it runs, so it needs "
                              "steps_per_execution=1")
-        self._protocol = getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
         protocol_roles = getattr(self._protocol, "roles", None)
         if self._own_world and protocol_roles is not None and protocol_roles.num_servers:
             # parameter-server ranks do not step: draw as one of the n workers (random:K is 1/n per step)
@@ -111,6 +110,11 @@ class Slowdown(keras.callbacks.Callback):
                 timer.start()
                 self._timers.append(timer)
             self._faults = []
+
+    @property
+    def _protocol(self):
+        """The protocol of the model's optimizer now, or None (``hetsync.Auto`` switches it between two steps)."""
+        return getattr(getattr(self.model, "optimizer", None), "hetsync_protocol", None)
 
     @property
     def faults(self):

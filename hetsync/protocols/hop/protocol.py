@@ -198,7 +198,8 @@ class HopProtocol(Protocol):
 
     # -- the hook set: Hop's bookkeeping between compiled steps ----------------------------------------
     def on_train_begin(self, model, params):
-        """Build the optimizer if Keras has not, and begin training for steps x epochs iterations.
+        """Build the optimizer if Keras has not, and begin training for steps x epochs iterations, less
+        ``params["start_step"]`` (the fit's steps run before Hop took over, by :func:`hetsync.Auto`'s switch).
 
         Raises:
             ValueError: the ranks do not train the same number of iterations (``steps_per_execution``
@@ -209,7 +210,7 @@ class HopProtocol(Protocol):
         if not opt.built and model.trainable_variables:
             opt.build(model.trainable_variables)
         steps, epochs = params.get("steps"), params.get("epochs")
-        self.begin_training(steps * epochs if steps else None)
+        self.begin_training(steps * epochs - int(params.get("start_step", 0)) if steps else None)
 
     def on_train_batch_begin(self, batch):
         """Enter the step's iteration (take tokens, send the parameters)."""
