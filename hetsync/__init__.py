@@ -15,8 +15,8 @@ Layout (the architecture page of the documentation has the rules of what may imp
 ``hetsync.ops`` (compiled op library), ``hetsync.core`` (what every protocol shares),
 ``hetsync.protocols`` (one folder per family, the registry), ``hetsync.data`` (data sets, shards,
 the sample pool), ``hetsync.emulation`` (heterogeneity scenarios, faults), ``hetsync.callbacks``
-(Keras callbacks), ``hetsync.sim`` (TF-free simulators), ``hetsync.bench`` (the training job and
-benchmarks).
+(Keras callbacks), ``hetsync.sim`` (TF-free simulators), ``hetsync.advise`` (which protocol for this
+cluster; ``hetsync.Auto`` chooses during training), ``hetsync.bench`` (the training job and benchmarks).
 
 Importing hetsync loads no TensorFlow and changes no process-wide setting: names are resolved on
 first use, and ``init()`` sets horovod's stall timeout and OpenMPI's yield when oversubscribed, and
@@ -33,12 +33,12 @@ _ROLES = ("num_workers", "num_servers", "is_server", "worker_rank", "role")
 _PROTOCOLS = ("BSP", "RNA", "SelSync", "FedAvg", "LocalSGD", "TaskAllocation", "Hop", "NotifyAck", "Protocol",
               "ASP", "SHAT", "SHATRoot", "Ensemble", "SSP", "HierarchicalRNA", "load_model")
 _SUBMODULES = ("world", "roles", "errors", "transport", "ops", "core", "protocols", "data", "emulation", "callbacks",
-               "sim", "bench")
+               "sim", "advise", "bench")
 
 _EXPORTS = {**{n: "hetsync.world" for n in _WORLD}, **{n: "hetsync.roles" for n in _ROLES},
-            **{n: "hetsync.protocols" for n in _PROTOCOLS}}
+            **{n: "hetsync.protocols" for n in _PROTOCOLS}, "Auto": "hetsync.advise.auto"}
 
-__all__ = list(_WORLD + _ROLES + _PROTOCOLS + _SUBMODULES)
+__all__ = list(_WORLD + _ROLES + _PROTOCOLS + ("Auto",) + _SUBMODULES)
 
 
 def __getattr__(name):

@@ -249,6 +249,7 @@ SLOW_TESTS = (
     "tests/mp/test_taskalloc_mp.py::test_digits_accuracy_within_one_point_of_bsp_with_the_same_global_batch",
     "tests/mp/test_taskalloc_mp.py::test_adaptive_allocation_from_a_users_tf_data_pipeline",
     "tests/mp/test_transport_mp.py::test_dispatcher_between_ranks[[]4]",
+    "tests/mp/test_auto_mp.py::test_a_switch_to_each_candidate_trains_on[[]*]",  # quick: the choice among two
     # the quick launch tier ran 1,390 s of CI's 1,500: these keep a quick case of the same mechanism
     "tests/mp/test_ps_mp.py::test_ssp_with_zero_staleness_matches_bsp",  # quick: the SSP gate with a straggler
     "tests/mp/test_ps_mp.py::test_a_stalled_server_gives_the_workers_a_clear_error",  # quick: a killed server

@@ -15,7 +15,8 @@ from hetsync.sim import registry as _registry
 from hetsync.sim import target as _target
 from hetsync.sim import workload as _workload
 
-__all__ = ["DEFAULT_PROTOCOLS", "DEFAULT_CONFIGS", "TIE_BAND", "Inputs", "predict", "recommend", "rows_table", "inputs_from_args"]
+__all__ = ["DEFAULT_PROTOCOLS", "DEFAULT_CONFIGS", "TIE_BAND", "FREE_RUNNING", "Inputs", "predict", "first_choice",
+           "recommend", "rows_table", "inputs_from_args"]
 
 #: what ``--predict`` ranks by default: the protocols that need no server ranks (every rank computes).
 DEFAULT_PROTOCOLS = ("bsp", "rna", "hop", "localsgd", "fedavg", "selsync", "taskalloc")
@@ -57,7 +58,33 @@ def _net_for(inputs, protocol):
     return inputs.net
 
 
-def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None):
+#: the protocols whose ranks run free of each other (no collective every step): on fixed equal shares
+#: (``fixed_shares=True``) each rank runs the same steps, so the slowest rank's step count sets the throughput.
+FREE_RUNNING = ("rna", "hop", "notifyack", "asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
+
+
+def first_choice(rows, order=DEFAULT_PROTOCOLS):
+    """The recommended row: the best predicted time to target, where rows within :data:`TIE_BAND` of the best
+    tie and the one earliest in ``order`` (the simpler protocol) wins.
+
+    Args:
+        rows: non-empty list of :func:`predict` rows. order: sequence of protocol names, simplest first.
+
+    Returns:
+        one of ``rows`` (dict).
+
+    Raises:
+        ValueError: ``rows`` is empty.
+    """
+    if not rows:
+        raise ValueError("no protocol to choose from")
+    rank = {p: i for i, p in enumerate(order)}
+    best = max(row["time_to_target_vs_bsp"] for row in rows)
+    ties = [row for row in rows if row["time_to_target_vs_bsp"] >= best * (1 - TIE_BAND)]
+    return min(ties, key=lambda row: rank.get(row["protocol"], len(rank)))
+
+
+def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed_shares=False):
     """Simulate each protocol and rank them by predicted time to target relative to BSP.
 
     Args:
@@ -66,6 +93,10 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None):
         configs: dict protocol -> dict of its timing parameters (default: :data:`DEFAULT_CONFIGS`, else each
             protocol's defaults).
         table: statistical-efficiency table (default :data:`hetsync.sim.target.TABLE`).
+        fixed_shares: bool, the ranks train on fixed equal shares (the shard plan, every rank the same steps per
+            epoch) instead of the sample pool: the throughput of a protocol of :data:`FREE_RUNNING` is then its
+            slowest rank's (``samples/s x min(steps) / mean(steps)``); pass ``data_plan="shard"`` in ``configs``
+            for local SGD and FedAvg, whose models have the plan.
 
     Returns:
         list of dicts, best first: ``protocol``, ``samples_per_s`` (float), ``samples_per_s_vs_bsp`` (float),
@@ -90,19 +121,18 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None):
     bsp = results["bsp"][0].samples_per_s
     rows = []
     for p, (r, cfg) in results.items():
-        speed, se, source = _target.speedup_vs_bsp(p, r.samples_per_s, bsp, table)
+        rate = r.samples_per_s
+        if fixed_shares and p in FREE_RUNNING and r.steps and sum(r.steps):
+            rate *= min(r.steps) / (sum(r.steps) / len(r.steps))
+        speed, se, source = _target.speedup_vs_bsp(p, rate, bsp, table)
         wait = sum(r.wait_s) / max(len(r.wait_s), 1) / r.duration_s if r.duration_s else 0.0
-        rows.append({"protocol": p, "samples_per_s": r.samples_per_s, "samples_per_s_vs_bsp": r.samples_per_s / bsp,
+        rows.append({"protocol": p, "samples_per_s": rate, "samples_per_s_vs_bsp": rate / bsp,
                      "time_to_target_vs_bsp": speed, "statistical_efficiency": se, "se_source": source,
                      "config": cfg, "contributors_per_round": r.contributors_per_round,
                      "staleness_mean": r.staleness_mean, "wait_share": wait, "workers": r.workers,
                      "extra": {k: v for k, v in r.extra.items() if isinstance(v, (int, float, str, type(None)))}})
-    order = {p: i for i, p in enumerate(DEFAULT_PROTOCOLS)}
     rows.sort(key=lambda row: -row["time_to_target_vs_bsp"])
-    best = rows[0]["time_to_target_vs_bsp"]
-    ties = [row for row in rows if row["time_to_target_vs_bsp"] >= best * (1 - TIE_BAND)]
-    ties.sort(key=lambda row: order.get(row["protocol"], len(order)))
-    first = ties[0]
+    first = first_choice(rows)
     rows.remove(first)
     return [first] + rows
 

@@ -200,12 +200,13 @@ def measure_steps(model, x, y, seconds, scenario=None, rank=0, world_size=1, see
     return np.asarray(out)
 
 
-def measure_network(model_bytes, peer):
+def measure_network(model_bytes, peer, p2p=True):
     """Time horovod's allreduce and a point-to-point round trip (this rank's side; every rank calls it).
 
     Args:
         model_bytes: int bytes of the gradient. peer: int, the rank rank 0 exchanges point-to-point messages with
             (every rank gets the same value; ranks other than 0 and ``peer`` only join the collectives).
+        p2p: bool, also time the point-to-point round trip (needs MPI; every rank passes the same value).
 
     Returns:
         dict of medians in seconds: ``allreduce_s``, ``allreduce_small_s``, ``p2p_s`` and ``p2p_small_s`` (one way;
@@ -233,7 +234,7 @@ def measure_network(model_bytes, peer):
     res = {"allreduce_s": timed(lambda: transport.allreduce_sum([big], name="hetsync_advise_big")[0].numpy()),
            "allreduce_small_s": timed(lambda: transport.allreduce_sum([small], name="hetsync_advise_small")[0].numpy()),
            "p2p_s": None, "p2p_small_s": None}
-    if world.size() < 2:
+    if world.size() < 2 or not p2p:
         return res
     d = transport.dispatcher()
     payload_big, payload_small = np.zeros(max(int(model_bytes), 1), np.uint8), b"x"

@@ -88,8 +88,10 @@ def parse_args(argv=None):
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--protocol", default="bsp", choices=sorted(hetsync.protocols.WRAPPERS),
-                   help="synchronization protocol (the wrapper's lowercase name)")
+    p.add_argument("--protocol", default="bsp",
+                   choices=sorted(hetsync.protocols.WRAPPERS) + sorted(hetsync.protocols.SELECTORS),
+                   help="synchronization protocol (the wrapper's lowercase name; auto: hetsync.Auto chooses one "
+                        "after a warm-up)")
     p.add_argument("--protocol-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="protocol argument, repeatable (checked against the wrapper's signature)")
     p.add_argument("--dataset", default="digits", choices=hetsync.data.DATASETS)
@@ -226,7 +228,9 @@ def main(argv=None, extra_callbacks=()):
                         exc, args.out)
             summary = metrics.write_summary(samples_to_target=None, samples_per_s_steady=None, host_ms_median=None)
         ttt = summary["time_to_target_s"]
-        rows = [("protocol", summary["protocol"]), ("ranks", size if hetsync.num_servers() == 0 else
+        chosen = summary.get("chosen_by")
+        rows = [("protocol", summary["protocol"] if not chosen else
+                 f"{summary['protocol']}: {chosen['protocol']} from step {chosen['step']}"), ("ranks", size if hetsync.num_servers() == 0 else
                                                     f"{size} ({hetsync.num_workers()} workers, "
                                                     f"{hetsync.num_servers()} servers)"), ("scenario", summary["scenario"]),
                 ("dataset", f"{args.dataset} ({len(ds.x_train)} train / {len(ds.x_test)} test)"),

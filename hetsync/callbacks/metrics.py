@@ -18,7 +18,7 @@ import tensorflow as tf
 from hetsync import transport, world
 from hetsync.transport import channels
 from hetsync.core.controls import OVERRUN_WARN_FRACTION
-from hetsync.core.wrapper import protocol_of
+from hetsync.core.wrapper import chosen_by, protocol_of
 from hetsync.emulation import faults as emulation_faults
 
 __all__ = ["SyncMetrics", "MetricAverage"]
@@ -51,7 +51,10 @@ class SyncMetrics(keras.callbacks.Callback):
     appear as ``faults`` in the record of the step they hit, in the rank's ``per_rank`` row and, from every
     rank, in the summary's ``faults``. A parameter-server rank writes no step records (its row in
     ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). Each ``per_rank`` row
-    names the rank's ``host`` (its hostname). At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+    names the rank's ``host`` (its hostname) and the ``protocol`` it ended with. A run of :func:`hetsync.Auto` is
+    reported as ``protocol: "auto"`` with Auto's configuration; the summary's ``chosen_by`` (None otherwise) holds
+    the choice (:func:`hetsync.core.wrapper.chosen_by`: the chosen ``protocol`` and ``config``, the ``step`` after
+    which it was made, the ``predicted`` ranking, the ``reasons``), and ``stats`` are the chosen protocol's. At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
         log_dir: str path of the output folder (created).
@@ -74,6 +77,11 @@ class SyncMetrics(keras.callbacks.Callback):
         self.per_rank = []
         self._resume = None
 
+    @property
+    def protocol(self):
+        """The optimizer's protocol now (``hetsync.Auto`` switches it between two steps)."""
+        return protocol_of(self._optimizer or self.model.optimizer)
+
     def state(self):
         """The running totals as a JSON-able dict (saved by :class:`hetsync.callbacks.checkpoint.BackupAndRestore`).
 
@@ -95,7 +103,7 @@ class SyncMetrics(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         os.makedirs(self.log_dir, exist_ok=True)
-        self.protocol = protocol_of(self._optimizer or self.model.optimizer)
+        protocol_of(self._optimizer or self.model.optimizer)
         self.rank = world.rank()
         path = os.path.join(self.log_dir, f"rank{self.rank}.jsonl")
         kept = []
@@ -209,6 +217,7 @@ class SyncMetrics(keras.callbacks.Callback):
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])
         row = {k: float(t[k]) for k in self.TOTALS}
         row["role"] = "server" if self._serves else "worker"
+        row["protocol"] = self.protocol.name  # the protocol this rank ended with (hetsync.Auto's choice)
         row["host"] = socket.gethostname()
         row["faults"] = emulation_faults.fired_faults()
         gathered = transport.allgather_object(row, name="hetsync_metrics_totals")
@@ -218,15 +227,18 @@ class SyncMetrics(keras.callbacks.Callback):
                 row[k] = int(row[k])
         emulated = sum(r["emulated_steps"] for r in self.per_rank)
         overruns = sum(r["overrun_steps"] for r in self.per_rank)
+        chosen = chosen_by(self._optimizer or self.model.optimizer)
         self.summary = {
-            "protocol": self.protocol.name,
-            "protocol_config": self.protocol.config(),
+            # a run of hetsync.Auto is named for what was launched; chosen_by names the protocol it switched to
+            "protocol": chosen["by"] if chosen else self.protocol.name,
+            "protocol_config": chosen["by_config"] if chosen else self.protocol.config(),
             "world_size": world.size(),
             "workers": sum(1 for r in self.per_rank if r["role"] == "worker"),
             "steps": max(r["steps"] for r in self.per_rank),
             "wall_s": max(r["wall_s"] for r in self.per_rank),
             "per_rank": self.per_rank,
             "stats": self.protocol.summary_stats(),
+            "chosen_by": chosen,
             "emulated_steps": emulated,
             "overrun_steps": overruns,
             "overrun_fraction": overruns / emulated if emulated else 0.0,

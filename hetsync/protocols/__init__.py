@@ -24,7 +24,7 @@ family, such as :mod:`hetsync.protocols.hop.graph`, can be used by the simulator
 import collections.abc
 import importlib
 
-__all__ = ["REGISTRY", "WRAPPERS", "get_wrapper", "get_config_class", "parse_protocol_args", "from_cli", "describe",
+__all__ = ["REGISTRY", "SELECTORS", "WRAPPERS", "get_wrapper", "get_config_class", "parse_protocol_args", "from_cli", "describe",
            "load_all", "load_model"]
 
 #: CLI name -> (module, wrapper name, one-line description). The one registry.
@@ -50,6 +50,14 @@ REGISTRY = {
     "ensemble": ("hetsync.protocols.ps.shat", "Ensemble", "ENSEMBLE baseline: local training only (alpha = 0), models combined at the end"),
     "shatroot": ("hetsync.protocols.ps.shat", "SHATRoot", "SHAT-root: staleness-aware mixing with alpha = 1 - s / sqrt(n)"),
     "ssp": ("hetsync.protocols.ps.ssp", "SSP", "stale-synchronous parallel parameter server (bounded staleness)"),
+}
+
+#: names that select a protocol rather than being one (``--protocol auto``): name -> (module, wrapper name,
+#: description). :func:`get_wrapper`, :func:`get_config_class`, :func:`parse_protocol_args`, :func:`from_cli` and
+#: :func:`describe` take them; :data:`WRAPPERS` (the protocols a benchmark compares) does not hold them.
+SELECTORS = {
+    "auto": ("hetsync.advise.auto", "Auto",
+             "BSP for a warm-up, then the protocol the advisor predicts reaches the target soonest"),
 }
 
 # public names of the family modules, resolved on first use (hetsync.protocols.RNAProtocol, ...)
@@ -111,23 +119,26 @@ def describe(name):
     Raises:
         ValueError: unknown protocol name (the message lists the known ones).
     """
-    _check_name(name)
-    return REGISTRY[name][2]
+    return _entry(name)[2]
 
 
-def _check_name(name):
-    if name not in REGISTRY:
-        raise ValueError(f"unknown protocol {name!r}; known protocols: {', '.join(sorted(REGISTRY))}")
+def _entry(name):
+    entry = REGISTRY.get(name) or SELECTORS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown protocol {name!r}; known protocols: {', '.join(sorted(REGISTRY))} "
+                         f"(and {', '.join(sorted(SELECTORS))}, which chooses one)")
+    return entry
 
 
 def get_wrapper(name):
-    """Return the wrapper function registered as ``name`` (imports its module).
+    """Return the wrapper function registered as ``name`` in :data:`REGISTRY` or :data:`SELECTORS` (imports its
+    module).
 
     Raises:
         ValueError: unknown protocol name (the message lists the known ones).
     """
-    _check_name(name)
-    return WRAPPERS[name]
+    module, attr, _ = _entry(name)
+    return getattr(importlib.import_module(module), attr)
 
 
 def get_config_class(name):
@@ -140,11 +151,14 @@ def get_config_class(name):
 
 
 def load_all():
-    """Import every registered protocol's module (registers their serialization names with Keras).
+    """Import every registered protocol's module and every selector's (registers their serialization names
+    with Keras: a model saved by ``hetsync.Auto`` before its switch is ``hetsync>Auto``).
 
     Returns:
-        dict CLI name -> wrapper function.
+        dict CLI name -> wrapper function (the registry's protocols, not the selectors).
     """
+    for name in SELECTORS:
+        get_wrapper(name)
     return {name: WRAPPERS[name] for name in REGISTRY}
 
 
