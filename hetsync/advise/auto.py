@@ -41,6 +41,7 @@ import numpy as np
 from hetsync import transport, world
 from hetsync.advise import predict as _predict
 from hetsync.advise import probe as _probe
+from hetsync.core import controls as _controls
 from hetsync.core import wrapper as _wrapper
 from hetsync.core.config import ProtocolConfig, param
 from hetsync.core.grads import payload_bytes
@@ -56,7 +57,7 @@ CANDIDATES = ("bsp", "rna", "hop", "localsgd", "fedavg", "selsync")
 SKIP_STEPS = 5
 #: what each candidate is configured with besides its defaults: the kept data plan.
 PROTOCOL_CONFIGS = {"rna": {"data_plan": "shard"}, "localsgd": {"data_plan": "shard"},
-                    "fedavg": {"data_plan": "shard"}}
+                    "fedavg": {"data_plan": "shard"}, "selsync": {"data_order": "defdp"}}
 #: step-time draws per rank the prediction resamples the warm-up's measurements into.
 SIM_STEPS = 400
 
@@ -116,7 +117,9 @@ class AutoProtocol(_bsp.BSPProtocol):
         self._own_ms = []
         self._model = self._params = self._plan = None
         self._epoch = self._fit_steps = 0
+        self._fit_total = None
         self._t0 = None
+        self._excluded = {}
 
     def adopt(self, plan):
         """Take the data plan as BSP does, and keep it for the chosen protocol (see
@@ -126,13 +129,30 @@ class AutoProtocol(_bsp.BSPProtocol):
 
     def candidates(self):
         """The protocol names this run chooses among (tuple of str): ``protocols`` or :data:`CANDIDATES`, less
-        those that need MPI under ``horovodrun --gloo``."""
+        those that cannot run this fit (:attr:`excluded`)."""
+        names = self.cfg.protocols.split(",") if self.cfg.protocols else list(CANDIDATES)
+        return tuple(n for n in names if n not in self._excluded)
+
+    @property
+    def excluded(self):
+        """dict protocol name -> why it cannot run this fit (set at train begin): MPI point-to-point under
+        ``horovodrun --gloo`` (RNA, Hop), a fit of unknown steps per epoch (Hop counts its iterations, FedAvg
+        places its aggregations in the epoch), trainable variables not float32 (RNA's gradient cache, Hop's
+        updates)."""
+        return dict(self._excluded)
+
+    def _exclude(self, model, params):
         from hetsync import protocols
 
-        names = self.cfg.protocols.split(",") if self.cfg.protocols else list(CANDIDATES)
-        if not world.mpi_enabled():
-            names = [n for n in names if not protocols.get_wrapper(n).protocol_class.capabilities.requires_mpi]
-        return tuple(names)
+        out = {}
+        for name in CANDIDATES:
+            if not world.mpi_enabled() and protocols.get_wrapper(name).protocol_class.capabilities.requires_mpi:
+                out[name] = "needs MPI point-to-point messages (the launch runs on Gloo)"
+            elif name in ("hop", "fedavg") and not params.get("steps"):
+                out[name] = "needs a known number of steps per epoch"
+            elif name in ("rna", "hop") and any(v.dtype != "float32" for v in model.trainable_variables):
+                out[name] = "needs float32 trainable variables"
+        return out
 
     def on_train_begin(self, model, params):
         """Keep the model and Keras' parameters for the switch; refuse an empty candidate set under Gloo.
@@ -140,12 +160,15 @@ class AutoProtocol(_bsp.BSPProtocol):
         Raises:
             ValueError: every listed protocol needs MPI and the launch is ``horovodrun --gloo``.
         """
+        self._excluded = self._exclude(model, params)
         if not self.candidates():
-            raise ValueError(f"Auto: protocols={self.cfg.protocols!r} all need MPI point-to-point messages, and this "
-                             "launch runs on Gloo; add bsp, localsgd, fedavg or selsync, or launch with "
-                             "horovodrun --mpi")
+            why = "; ".join(f"{k} {v}" for k, v in self._excluded.items() if k in self.cfg.protocols.split(","))
+            raise ValueError(f"Auto: none of protocols={self.cfg.protocols!r} can run this fit ({why}); add bsp, "
+                             "localsgd or selsync")
         self._model, self._params = model, dict(params)
         self._fit_steps = 0  # steps of this fit (a fit that ended in the warm-up leaves the rest to the next)
+        steps, epochs = params.get("steps"), params.get("epochs")
+        self._fit_total = steps * epochs if steps and epochs else None
         return super().on_train_begin(model, params)
 
     def on_epoch_begin(self, epoch):
@@ -164,9 +187,10 @@ class AutoProtocol(_bsp.BSPProtocol):
             return None
         wall_ms = (time.perf_counter() - self._t0) * 1e3
         self._fit_steps += 1
-        self._own_ms.append(max(wall_ms - float(self._stats["sync_wait_ms"].numpy()), 1e-3))
-        if len(self._own_ms) < self.cfg.warmup_steps:
-            return None
+        if self._fit_steps > 1 or not self._own_ms:  # a later fit's first step traces: not a measurement
+            self._own_ms.append(max(wall_ms - float(self._stats["sync_wait_ms"].numpy()), 1e-3))
+        if len(self._own_ms) < self.cfg.warmup_steps or self._fit_steps == self._fit_total:
+            return None  # (after a fit's last step the switch waits for the next fit)
         choice = self._decide()
         return self._switch(choice)
 
@@ -186,8 +210,20 @@ class AutoProtocol(_bsp.BSPProtocol):
         n = len(hosts)
         peer = next((r for r in range(n - 1, 0, -1) if hosts[r] != hosts[0]), n - 1 if n > 1 else 0)
         timings = _probe.measure_network(model_bytes, peer, p2p=world.mpi_enabled())
-        choice = self._rank(gathered, hosts, timings, model_bytes) if world.rank() == 0 else None
-        return transport.allgather_object(choice, name="hetsync_auto_choice")[0]
+        # the emulated network latency (netdelay) delays each synchronization of the steps, not these timings
+        latency_s = float(_controls.sync_control().numpy()[2]) / 1e3
+        timings = dict(timings, allreduce_s=timings["allreduce_s"] + latency_s,
+                       allreduce_small_s=timings["allreduce_small_s"] + latency_s)
+        choice = None
+        if world.rank() == 0:
+            try:
+                choice = self._rank(gathered, hosts, timings, model_bytes)
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait for the choice
+                choice = {"error": f"{type(exc).__name__}: {exc}"}
+        choice = transport.allgather_object(choice, name="hetsync_auto_choice")[0]
+        if "error" in choice:
+            raise RuntimeError(f"Auto: rank 0 could not rank the protocols after the warm-up: {choice['error']}")
+        return choice
 
     def _rank(self, gathered, hosts, timings, model_bytes):
         from hetsync.sim import workload
@@ -203,7 +239,8 @@ class AutoProtocol(_bsp.BSPProtocol):
         rows = [chosen] + [r for r in rows if r is not chosen]
         rec = _predict.recommend(rows, inputs)
         return {"protocol": chosen["protocol"], "config": dict(PROTOCOL_CONFIGS.get(chosen["protocol"], {})),
-                "step": int(self.cfg.warmup_steps), "candidates": list(candidates),
+                "step": int(self.optimizer.iterations.numpy()), "candidates": list(candidates),
+                "excluded": dict(self._excluded),
                 "predicted": [{"protocol": r["protocol"], "samples_per_s": round(r["samples_per_s"], 1),
                                "time_to_target_vs_bsp": round(r["time_to_target_vs_bsp"], 3)} for r in rows],
                 "reasons": rec["reasons"],
@@ -219,6 +256,7 @@ class AutoProtocol(_bsp.BSPProtocol):
         proto = cls(cls.Config(**choice["config"]))
         record = {"by": self.name, "by_config": self.config(), **choice}
         _wrapper.rebind(self.optimizer, proto, chosen_by=record)
+        proto.continue_from(self)
         self.choice = choice
         if self._plan is not None:
             proto.adopt(self._plan)

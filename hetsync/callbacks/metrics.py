@@ -103,7 +103,7 @@ class SyncMetrics(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         os.makedirs(self.log_dir, exist_ok=True)
-        protocol_of(self._optimizer or self.model.optimizer)
+        self._began_as = protocol_of(self._optimizer or self.model.optimizer).name  # "auto" until Auto switches
         self.rank = world.rank()
         path = os.path.join(self.log_dir, f"rank{self.rank}.jsonl")
         kept = []
@@ -228,10 +228,12 @@ class SyncMetrics(keras.callbacks.Callback):
         emulated = sum(r["emulated_steps"] for r in self.per_rank)
         overruns = sum(r["overrun_steps"] for r in self.per_rank)
         chosen = chosen_by(self._optimizer or self.model.optimizer)
+        # a fit that began as hetsync.Auto is named for it; chosen_by names the protocol it switched to (a later
+        # fit of the switched optimizer is the chosen protocol's run, and keeps the record)
+        auto_run = chosen is not None and self._began_as == chosen["by"]
         self.summary = {
-            # a run of hetsync.Auto is named for what was launched; chosen_by names the protocol it switched to
-            "protocol": chosen["by"] if chosen else self.protocol.name,
-            "protocol_config": chosen["by_config"] if chosen else self.protocol.config(),
+            "protocol": chosen["by"] if auto_run else self.protocol.name,
+            "protocol_config": chosen["by_config"] if auto_run else self.protocol.config(),
             "world_size": world.size(),
             "workers": sum(1 for r in self.per_rank if r["role"] == "worker"),
             "steps": max(r["steps"] for r in self.per_rank),

@@ -215,7 +215,8 @@ class Protocol(NonFiniteGuard, Averaging, Statistics, DataPlans):
             model: the ``keras.Model`` being fit.
             params: dict, Keras' callback parameters (``epochs``, ``steps`` per epoch or None, ``verbose``), and
                 ``start_step`` (int >= 0) when the protocol takes over a fit that has already run that many
-                steps (:func:`hetsync.Auto`'s switch; absent otherwise, meaning 0).
+                steps (:func:`hetsync.Auto`'s switch; absent otherwise, meaning 0). A protocol that counts the
+                fit's steps starts there (Hop's iterations, the global step of local SGD and FedAvg).
 
         Returns:
             True to stop training before the first step (``model.stop_training``; a parameter-server

@@ -62,6 +62,18 @@ class Statistics:
         """Return ``{name: float}`` of every statistic variable (read eagerly, after a step)."""
         return {k: float(v.numpy()) for k, v in self._stats.items()}
 
+    def continue_from(self, other):
+        """Take over the statistics of the protocol this one replaces between two steps (:func:`hetsync.Auto`'s
+        switch): every statistic both have gets ``other``'s value, so the cumulative ones (``syncs``,
+        ``overruns``, ...) go on counting and the step just run is reported with the values it ran with.
+
+        Args:
+            other: the :class:`hetsync.core.protocol.Protocol` replaced.
+        """
+        for name, var in self._stats.items():
+            if name in other._stats:
+                var.assign(other._stats[name].read_value())
+
     def summary_stats(self):
         """Return a JSON-serialisable dict of end-of-run statistics (default: ``syncs``, and the
         end-of-training average's figures if it ran)."""

@@ -95,6 +95,7 @@ class Slowdown(keras.callbacks.Callback):
             # parameter-server ranks do not step: draw as one of the n workers (random:K is 1/n per step)
             self.world_size = protocol_roles.num_workers
         self._first = True
+        self._last_protocol = self._protocol
         self._sync.assign([0.0, 1.0, self.scenario.sync_latency_ms * self.dilation])
         self._t0 = time.time()
         self._faults = [f for f in self.scenario.faults(self.rank) if not f.fired()]
@@ -141,11 +142,15 @@ class Slowdown(keras.callbacks.Callback):
                 f.fire(elapsed)
         factor, extra_ms = self.scenario.draw(self._rng, self.rank, self.world_size)
         device_ms = self.device_ms(batch)
-        if self._first:
+        protocol = self._protocol
+        if self._first or protocol is not self._last_protocol:
             # The first step of a fit mostly traces and compiles the step function; slowing it
             # K times would inject seconds that no real slower device would add. The draw is
             # still consumed so the per-rank sequence of later steps does not depend on this.
+            # So does the first step after the optimizer's protocol changed (hetsync.Auto's switch):
+            # Keras traces the new protocol's step.
             self._first = False
+            self._last_protocol = protocol
             factor, extra_ms, device_ms = 1.0, 0.0, 0.0
         self._step.assign([time.time(), factor, extra_ms * self.dilation, device_ms * self.dilation])
 

@@ -39,4 +39,5 @@ def test_a_switch_to_each_candidate_trains_on(tmp_path, protocol):
     assert s["chosen_by"]["protocol"] == protocol and s["chosen_by"]["step"] == 10
     assert [r["protocol"] for r in s["per_rank"]] == [protocol] * 3
     assert [len(read_jsonl(out / f"rank{r}.jsonl")) for r in range(3)] == [3 * (1437 // 3 // 32)] * 3
+    assert s["weights_in_sync"]  # each ends with one model (FedAvg: its schedule kept its place in the epoch)
     assert s["final_test_accuracy"] > 0.8

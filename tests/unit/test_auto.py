@@ -87,11 +87,28 @@ def test_a_fit_shorter_than_the_warm_up_stays_bsp_and_saves_as_auto(tmp_path, ca
     lopt = hetsync.load_model(path).optimizer
     assert type(lopt).__name__ == "Auto_SGD" and lopt.hetsync_protocol.cfg.protocols == "localsgd"
     assert lopt.hetsync_protocol.cfg.warmup_steps == 12
-    # the next fit goes on with the warm-up: 7 more BSP steps, then the switch
+    # the next fit goes on with the warm-up: its first step traces (not measured), 7 more BSP steps, the switch
     steps = _Steps()
     model.fit(**fit, epochs=2, verbose=0, callbacks=hetsync.callbacks.standard(opt) + [steps])
-    assert [name for name, _ in steps.seen] == ["auto"] * 6 + ["localsgd"] * 4
-    assert hetsync.core.wrapper.chosen_by(opt)["step"] == 12
+    assert [name for name, _ in steps.seen] == ["auto"] * 7 + ["localsgd"] * 3
+    assert hetsync.core.wrapper.chosen_by(opt)["step"] == 13  # the optimizer's 13th step (5 + 8)
+
+
+def test_a_warm_up_that_ends_on_the_fits_last_step_switches_in_the_next_fit():
+    ds = hetsync.data.load("digits", seed=0)
+    model = _model()
+    opt = hetsync.Auto(keras.optimizers.SGD(0.05), warmup_steps=10, protocols="fedavg")
+    model.compile(opt, "sparse_categorical_crossentropy")
+    fit = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 32)
+    fit["steps_per_epoch"] = 5
+    model.fit(**fit, epochs=2, verbose=0, callbacks=hetsync.callbacks.standard(opt))
+    assert opt.hetsync_protocol.name == "auto"  # measured 10 steps, but none of this fit was left
+    steps = _Steps()
+    model.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(opt) + [steps])
+    assert [name for name, _ in steps.seen] == ["fedavg"] * 5  # decided after the next fit's first step
+    assert hetsync.core.wrapper.chosen_by(opt)["step"] == 11
+    # FedAvg continues the BSP statistics: its cumulative syncs count the 11 warm-up allreduces, then its rounds
+    assert opt.hetsync_protocol.step_stats()["syncs"] >= 11
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -1,6 +1,7 @@
 """The emulated device (scenario ``device:MS``): parser, the delay op's padding, step times, overruns."""
 import os
 import time
+import types
 
 import pytest
 import tensorflow as tf
@@ -48,9 +49,10 @@ def test_slowdown_callback_scales_device_time_by_the_step_samples():
             return [32, 8, 64][batch]
 
     cb = Slowdown("device:40", seed=0, rank=0, world_size=1)
-    cb._protocol = FakeProtocol()
+    # the callback finds the protocol through the model's optimizer at every step
+    cb.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(hetsync_protocol=FakeProtocol())))
     assert [cb.device_ms(b) for b in range(3)] == [40.0, 10.0, 80.0]
-    cb._protocol = None  # data not from a protocol: one step = one batch
+    cb.set_model(types.SimpleNamespace(optimizer=None))  # data not from a protocol: one step = one batch
     assert cb.device_ms(1) == 40.0
     assert Slowdown("random:6", seed=0, rank=0, world_size=1).device_ms(0) == 0.0
 

@@ -139,9 +139,10 @@ def test_step_records_count_samples_exactly_and_time_outside_the_device(tmp_path
 
 def test_a_partial_last_batch_is_not_over_counted():
     """7 steps of 32 on an epoch of 200 samples: the 7th step counts the 8 samples left."""
-    m = hetsync.callbacks.SyncMetrics("unused")
-    m.protocol = types.SimpleNamespace(batch_size=32, samples_per_epoch=200, pool=None, step_samples=lambda b: 32)
+    proto = types.SimpleNamespace(batch_size=32, samples_per_epoch=200, pool=None, step_samples=lambda b: 32)
+    # SyncMetrics reads the protocol through the optimizer it was given, at every use
+    m = hetsync.callbacks.SyncMetrics("unused", types.SimpleNamespace(hetsync_protocol=proto))
     m._totals, m._epoch_samples = {"samples": 1000.0}, 0
     assert [m._count_samples(i, 1) for i in range(7)] == [1032, 1064, 1096, 1128, 1160, 1192, 1200]
-    m.protocol.batch_size = None  # data not from the protocol's plan: no count
+    proto.batch_size = None  # data not from the protocol's plan: no count
     assert m._count_samples(7, 1) is None

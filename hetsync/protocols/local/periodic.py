@@ -70,7 +70,12 @@ class PeriodicAveragingProtocol(Protocol):
 
     # -- the pool's rounds (hook set): joined between steps, by the pool's global progress ------------
     def on_train_begin(self, model, params):
-        """On the sample pool: track the progress of every batch handed out, and start counting rounds."""
+        """On the sample pool: track the progress of every batch handed out, and start counting rounds. A
+        protocol that takes over a fit already ``params["start_step"]`` steps in (:func:`hetsync.Auto`'s switch)
+        starts its global step there, so its schedule (every H steps; FedAvg's aggregations at their places in
+        the epoch) stays where a run of it from the start would have it."""
+        if "start_step" in params:
+            self._global_step.assign(int(params["start_step"]))
         if self.pool is not None:
             self.pool.track_batches()
         self._rounds_joined = 0

@@ -245,6 +245,16 @@ class SelSyncProtocol(Protocol):
         self.data_source = "user"
         return out
 
+    def adopt(self, plan):
+        """Take a data plan made elsewhere (:func:`hetsync.Auto` hands over the plan it trained on): without
+        injection, its batch size is b = b' (see :meth:`hetsync.core.dataplans.DataPlans.adopt`);
+        ``data_source`` is then ``"adopted"``."""
+        plan = super().adopt(plan)
+        if self.batch_size_effective is None and not self.injecting:
+            self.batch_size_local = self.batch_size_effective = plan.batch_size
+            self.data_source = self.data_source or "adopted"
+        return plan
+
     def check_fit(self, model):
         """The base checks, and data injection only on the protocol's own data.
 

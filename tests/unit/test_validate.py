@@ -1,0 +1,120 @@
+"""The simulator's validation command (hetsync.bench.validate) without launches: the probe's figures from
+hand-made step records, the fixed costs in closed form, the cluster argument, and a resumed run that finds
+every summary on disk (no launch), filters scenarios and protocols and writes the documentation block."""
+import json
+import os
+
+import pytest
+
+from hetsync.bench import launch, validate
+
+
+def _write_records(folder, rank, steps_per_epoch, epochs, cycle_ms, device_ms, first_s, gap_s):
+    """Step records whose wall clock advances cycle_ms + device_ms per step, first step ending at first_s, an
+    extra gap_s before epoch 1's first step."""
+    os.makedirs(folder, exist_ok=True)
+    t = first_s
+    with open(os.path.join(folder, f"rank{rank}.jsonl"), "w") as f:
+        for e in range(epochs):
+            for k in range(steps_per_epoch):
+                if not (e == 0 and k == 0):
+                    t += (cycle_ms + device_ms) / 1e3 + (gap_s if (e == 1 and k == 0) else 0.0)
+                f.write(json.dumps({"step": e * steps_per_epoch + k, "epoch": e, "wall_s": t,
+                                    "emulated_ms": device_ms}) + "\n")
+
+
+def test_probe_overheads_from_step_records_in_closed_form(tmp_path):
+    for r in range(2):
+        _write_records(tmp_path, r, 10, 3, cycle_ms=6.0 + r, device_ms=40.0, first_s=2.0, gap_s=0.5)
+    over = validate.probe_overheads(str(tmp_path))
+    assert over["cycle_ms"] == pytest.approx(6.5)  # the mean over ranks of 6 and 7 ms beyond the device time
+    assert over["host_ms_median"] == pytest.approx(6.5)
+    assert over["first_step_s"] == pytest.approx(2.0)
+    assert over["boundary_s"] == pytest.approx(0.5)
+    os.makedirs(tmp_path / "empty")
+    assert validate.probe_overheads(str(tmp_path / "empty")) is None  # no step records
+
+
+def test_fixed_costs_add_the_first_step_and_each_later_epoch_boundary():
+    over = {"first_step_s": 2.0, "boundary_s": 0.5}
+    # 3 epochs of 8000 samples at 1000 samples/s: 24 s of steps + 2 s + 2 x 0.5 s
+    assert validate.with_fixed_costs(1000.0, 24000, 3, over) == pytest.approx(24000 / 27.0)
+
+
+def test_cluster_argument_is_parsed_and_bad_ones_are_refused():
+    c = validate.parse_cluster("2x2/100mbit")
+    assert (c.hosts, c.slots, c.link, c.np, c.dilation) == (2, 2, "100mbit", 4, 1.0)
+    assert validate.cluster_label(c) == "2x2-100mbit" and validate.cluster_label(None) == "one host"
+    for bad in ("2x2", "2/100mbit", "ax2/1gbit", "2x2/"):
+        with pytest.raises(ValueError, match="HOSTSxSLOTS/RATE"):
+            validate.parse_cluster(bad)
+    with pytest.raises(ValueError):
+        validate.parse_cluster("2x2/fast")  # the cluster tool refuses the rate
+
+
+def test_a_cluster_run_is_launched_through_the_cluster_tool(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(cmd, timeout_s, **kwargs):
+        seen.append(cmd)
+        out = cmd[cmd.index("--out") + 1]
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump({"samples_per_s": 1.0}, f)
+
+        class Done:
+            returncode, stdout, stderr = 0, "", ""
+        return Done()
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    cluster = validate.parse_cluster("2x2/100mbit")
+    s = validate.run_one(str(tmp_path / "r"), 4, "device:40", "bsp", 1, 2, cluster=cluster)
+    assert s == {"samples_per_s": 1.0}
+    cmd = seen[0]
+    assert cmd[1:4] == ["-m", "hetsync.emulation.cluster", "run"]
+    assert cmd[cmd.index("--link") + 1] == "100mbit" and cmd[cmd.index("--hosts") + 1] == "2"
+    assert "horovodrun" in cmd[cmd.index("--") + 1]
+    # resumable: the summary is there, nothing is launched again
+    validate.run_one(str(tmp_path / "r"), 4, "device:40", "bsp", 1, 2, cluster=cluster)
+    assert len(seen) == 1
+
+
+def test_a_resumed_validation_launches_nothing_and_writes_the_docs_block(tmp_path, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError(f"launched {args[0]}")
+
+    monkeypatch.setattr(launch, "run", no_launch)
+    monkeypatch.setattr(launch, "mnist_dir", lambda: None)  # the digits set: 1437 samples per epoch
+    out = tmp_path / "v"
+    for proto in ("bsp", "localsgd"):
+        probe = out / "probes" / "np2" / proto
+        _write_records(probe, 0, 20, 2, cycle_ms=5.0, device_ms=40.0, first_s=2.0, gap_s=0.3)
+        (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0}))
+        run = out / "runs" / "np2" / "homogeneous" / proto / "seed1"
+        _write_records(run, 0, 20, 3, cycle_ms=5.0, device_ms=40.0, first_s=1.0, gap_s=0.3)
+        (run / "summary.json").write_text(json.dumps({"samples_per_s": 1300.0, "wall_s": 40.0, "epochs": 3,
+                                                      "samples": 3 * 1437, "overrun_fraction": 0.0}))
+    docs = tmp_path / "docs"
+    os.makedirs(docs)
+    (docs / "simulator.md").write_text(f"# page\n\n## Validation\n\n{validate.BEGIN}\nold\n{validate.END}\n")
+    rc = validate.main(["--out", str(out), "--np", "2", "--scenarios", "homogeneous", "--protocols", "bsp,localsgd",
+                        "--update-docs", "--docs-dir", str(docs)])
+    assert rc == 0
+    doc = json.loads((docs / "simulator" / "validation.json").read_text())
+    assert [(r["np"], r["cluster"], r["scenario"], r["protocol"]) for r in doc["rows"]] == [
+        (2, "one host", "homogeneous", "bsp"), (2, "one host", "homogeneous", "localsgd")]
+    for r in doc["rows"]:
+        assert r["measured"] == 1300.0 and r["error"] == pytest.approx(r["predicted"] / 1300.0 - 1.0)
+        assert r["compile_fraction"] == pytest.approx(1.0 / 40.0)
+    assert "--out" not in doc["command"]
+    page = (docs / "simulator.md").read_text()
+    assert "old" not in page and "| np2 " in page and "one host" in page and "2 runs: median |error|" in page
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    for argv, message in ((["--np", "1"], "world sizes >= 2"), (["--cluster", "2x2"], "HOSTSxSLOTS/RATE"),
+                          (["--np", "--scenarios", "homogeneous"], "nothing to validate"),
+                          (["--scenarios", "nowhere"], "unknown scenario"), (["--protocols", "ssp"], "not validated")):
+        with pytest.raises(SystemExit):
+            validate.main(["--out", str(tmp_path), *argv])
+        assert message in capsys.readouterr().err
