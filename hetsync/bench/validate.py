@@ -1,7 +1,7 @@
 """The simulator against the emulation: predicted and measured samples/s, one resumable command.
 
-``python -m hetsync.bench.validate --out runs/validate [--np 4 8] [--scenarios A,B] [--protocols a,b]
-[--fit-s S] [--time-cap-min M] [--update-docs]``
+``python -m hetsync.bench.validate --out runs/validate [--np 4 8] [--cluster HOSTSxSLOTS/RATE ...]
+[--scenarios A,B] [--protocols a,b] [--fit-s S] [--time-cap-min M] [--update-docs]``
 
 For each rank count, scenario and protocol it launches the training job on the emulated cluster of this
 machine (``device:MS`` scenarios, one host; MNIST from the data directory, else the digits set), reads the
@@ -15,6 +15,12 @@ the probe (:func:`calibrate_host_ms`), and two fixed costs added to the simulate
 step (tracing) and each epoch boundary (:func:`with_fixed_costs`). Runs are long enough that the first step
 (tracing, the compile) is under 5% of the fit: the table reports that share, and the emulation's overrun
 fraction, per run; rows at or above 1% overruns are marked, as the benchmark marks them.
+
+With ``--cluster 2x2/100mbit`` (repeatable) the same runs also go on the emulated multi-host cluster
+(:mod:`hetsync.emulation.cluster`: hosts as network namespaces, each host's link shaped to RATE; no time
+dilation), at hosts x slots ranks, with their own probes there; the prediction then uses the alpha-beta model
+of those hosts and that link (:meth:`hetsync.sim.network.Network.from_spec`). Each row names its cluster
+(``one host`` for the single-host runs).
 
 Every run keeps its folder; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
 (resumable), and ``--time-cap-min`` stops starting new runs after that many minutes. ``validation.json``
@@ -34,7 +40,8 @@ from tabulate import tabulate
 from hetsync.bench import launch
 from hetsync.bench.efficiency import read_jsonl
 
-__all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "predict", "run_one",
+__all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
+           "run_one",
            "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
            "TRAIN_SAMPLES"]
 
@@ -80,13 +87,36 @@ def _sim_config(protocol):
     return cfg
 
 
-def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, seed=0, samples_per_epoch=None):
+def parse_cluster(text):
+    """A validation cluster ``HOSTSxSLOTS/RATE`` (``2x2/100mbit``) as a
+    :class:`hetsync.emulation.cluster.spec.ClusterSpec` (no dilation).
+
+    Raises:
+        ValueError: not of that form, or a value the cluster tool refuses (names it).
+    """
+    from hetsync.emulation.cluster.spec import ClusterSpec
+
+    hosts, sep, link = str(text).partition("/")
+    h, x, s = hosts.partition("x")
+    if not sep or not x or not h.isdigit() or not s.isdigit() or not link:
+        raise ValueError(f"--cluster must look like HOSTSxSLOTS/RATE (e.g. 2x2/100mbit), got {text!r}")
+    return ClusterSpec(hosts=int(h), slots=int(s), link=link)
+
+
+def cluster_label(cluster):
+    """The label of a validation cluster in folder names and rows (str): ``2x2-100mbit``, or ``one host``."""
+    return "one host" if cluster is None else f"{cluster.hosts}x{cluster.slots}-{cluster.link}"
+
+
+def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, seed=0, samples_per_epoch=None,
+            cluster=None):
     """The simulator's samples/s for one validation run.
 
     Args:
         protocol: str. spec: str slowdown spec. n: int world size. host_ms: float milliseconds of host work per
             step (from the probe run). model_bytes: int bytes of the gradient. batch_size: int per-rank samples.
         steps: int draws per rank. seed: int. samples_per_epoch: int or None (FedAvg's period).
+        cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` or None (one host).
 
     Returns:
         :class:`hetsync.sim.result.SimResult`.
@@ -94,7 +124,8 @@ def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, see
     from hetsync.sim import network, registry, workload
 
     times = workload.step_times(spec, n, steps, seed=seed)
-    net = network.Network.from_spec(n)
+    net = (network.Network.from_spec(n) if cluster is None else
+           network.Network.from_spec(n, hosts=f"{cluster.hosts}x{cluster.slots}", link=cluster.link))
     work = workload.Workload(model_bytes=int(model_bytes), batch_size=int(batch_size), host_ms=float(host_ms))
     cfg = _sim_config(protocol)
     if protocol == "fedavg" and samples_per_epoch:
@@ -102,20 +133,26 @@ def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, see
     return registry.simulate(protocol, times, net, work, **cfg)
 
 
-def _run_dir(out, n, scenario, protocol, seed):
-    return os.path.join(out, "runs", f"np{n}", scenario, protocol, f"seed{seed}")
+def _np_dir(n, cluster):
+    return f"np{n}" if cluster is None else f"np{n}-{cluster_label(cluster)}"
+
+
+def _run_dir(out, n, scenario, protocol, seed, cluster=None):
+    return os.path.join(out, "runs", _np_dir(n, cluster), scenario, protocol, f"seed{seed}")
 
 
 def _data_args(digits):
     return launch.dataset_args(digits=digits)
 
 
-def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0):
+def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0, cluster=None):
     """Launch one validation run unless its ``summary.json`` exists; return the summary (dict).
 
     Args:
         out_dir: str run folder. n: int ranks. spec: str slowdown spec. protocol: str. seed: int. epochs: int.
         digits: bool, use the digits set even when MNIST is there. timeout_s: float seconds.
+        cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` (its hosts x slots is ``n``) to run on
+            the emulated multi-host cluster, or None (horovodrun on this host).
 
     Raises:
         RuntimeError: the launch failed (its output's tail in the message).
@@ -128,7 +165,12 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
     os.makedirs(out_dir, exist_ok=True)
     argv = launch.job_argv(protocol, out_dir, PROTOCOL_ARGS.get(protocol, ()),
                            extra=_data_args(digits), epochs=epochs, slowdown=spec, seed=seed, batch_size=32)
-    proc = launch.run(launch.horovodrun(n, argv), timeout_s)
+    if cluster is None:
+        cmd = launch.horovodrun(n, argv)
+    else:
+        cmd = launch.on_cluster(cluster, argv, record=os.path.join(out_dir, launch.CLUSTER_RECORD),
+                                timeout_s=timeout_s)
+    proc = launch.run(cmd, timeout_s + 60.0)
     if proc.returncode != 0 or not os.path.exists(path):
         tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
         raise RuntimeError(f"validation run {protocol} np{n} {spec!r} seed {seed} failed (status "
@@ -185,14 +227,14 @@ def probe_overheads(run_dir):
             "first_step_s": float(statistics.median(first)), "boundary_s": float(statistics.median(boundary))}
 
 
-def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0):
+def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0, cluster=None):
     """The simulator's ``host_ms`` that reproduces the probe: the probe's measured time per step beyond the device
     time (``cycle_ms``) less what the simulator itself adds on the probe's cluster (its communication and waits
     with ``host_ms`` = 0), at least 0.
 
     Args:
         protocol: str. n: int world size. overheads: :func:`probe_overheads`'s dict. probe_spec: str, the probe's
-            scenario. steps, seed: ints of the simulation.
+            scenario. steps, seed: ints of the simulation. cluster: the probe's ClusterSpec or None (one host).
 
     Returns:
         float milliseconds.
@@ -200,7 +242,7 @@ def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000
     from hetsync.sim import workload
 
     base = predict(protocol, probe_spec, n, 0.0, workload.EXAMPLE_MODEL_BYTES, 32, steps=steps, seed=seed,
-                   samples_per_epoch=None)
+                   samples_per_epoch=None, cluster=cluster)
     device = workload.step_times(probe_spec, n, 1).ms.mean()
     sim_over = n * 32 / base.samples_per_s * 1e3 - device
     return max(overheads["cycle_ms"] - sim_over, 0.0)
@@ -240,11 +282,11 @@ def table(rows):
         err = r.get("error")
         if err is not None:
             errs.append(abs(err))
-        body.append([f"np{r['np']}", r["scenario"], r["protocol"], f"{r['measured']:.0f}",
+        body.append([f"np{r['np']}", r.get("cluster", "one host"), r["scenario"], r["protocol"], f"{r['measured']:.0f}",
                      f"{r['predicted']:.0f}", "" if err is None else f"{err * 100:+.1f}%",
                      "" if r.get("compile_fraction") is None else f"{r['compile_fraction'] * 100:.1f}%",
                      "" if r.get("overrun") is None else f"{r['overrun'] * 100:.1f}%" + (" (!)" if r["overrun"] >= 0.01 else "")])
-    text = tabulate(body, headers=["ranks", "scenario", "protocol", "measured samples/s", "predicted", "error",
+    text = tabulate(body, headers=["ranks", "hosts", "scenario", "protocol", "measured samples/s", "predicted", "error",
                                    "first step", "overruns"], tablefmt="github")
     summary = (f"{len(errs)} runs: median |error| {statistics.median(errs) * 100:.1f}%, worst "
                f"{max(errs) * 100:.1f}%" if errs else "no runs")
@@ -265,7 +307,9 @@ def main(argv=None):
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/validate", help="output folder (reused: finished runs are skipped)")
-    p.add_argument("--np", type=int, nargs="+", default=[4, 8], help="world sizes")
+    p.add_argument("--np", type=int, nargs="*", default=[4, 8], help="world sizes on this host")
+    p.add_argument("--cluster", action="append", default=[], metavar="HOSTSxSLOTS/RATE",
+                   help="also validate on the emulated multi-host cluster (repeatable), e.g. 2x2/100mbit")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
     p.add_argument("--fit-s", type=float, default=55.0, help="seconds each run should train: its epochs are chosen "
@@ -287,34 +331,44 @@ def main(argv=None):
             p.error(f"protocol {proto!r} is not validated; choose from {', '.join(PROTOCOLS)}")
     if any(n < 2 for n in args.np):
         p.error(f"--np needs world sizes >= 2, got {args.np}")
+    try:
+        clusters = [parse_cluster(c) for c in args.cluster]
+    except ValueError as exc:
+        p.error(str(exc))
+    if any(c.np < 2 for c in clusters):
+        p.error(f"--cluster needs at least 2 ranks (hosts x slots), got {args.cluster}")
+    targets = [(n, None) for n in args.np] + [(c.np, c) for c in clusters]
+    if not targets:
+        p.error("nothing to validate: give --np or --cluster")
     from hetsync.sim import workload
 
     t0 = time.monotonic()
     rows, failed = [], 0
     mnist = launch.mnist_dir() is not None and not args.digits
     train_samples = TRAIN_SAMPLES["mnist" if mnist else "digits"]
-    for n in args.np:
+    for n, cluster in targets:
+        where = _np_dir(n, cluster)
         host = {}
         for proto in protocols:
-            pdir = os.path.join(args.out, "probes", f"np{n}", proto)
+            pdir = os.path.join(args.out, "probes", where, proto)
             try:
-                run_one(pdir, n, "device:40", proto, args.seed + 100, 2, args.digits)
+                run_one(pdir, n, "device:40", proto, args.seed + 100, 2, args.digits, cluster=cluster)
             except (RuntimeError, OSError) as exc:
-                print(f"probe {proto} np{n} failed: {exc}", file=sys.stderr)
+                print(f"probe {proto} {where} failed: {exc}", file=sys.stderr)
                 failed += 1
                 continue
             over = probe_overheads(pdir)
             if over is None:
-                print(f"probe {proto} np{n}: no step records", file=sys.stderr)
+                print(f"probe {proto} {where}: no step records", file=sys.stderr)
                 failed += 1
                 continue
             try:
-                over["host_ms"] = calibrate_host_ms(proto, n, over)
+                over["host_ms"] = calibrate_host_ms(proto, n, over, cluster=cluster)
             except Exception as exc:  # noqa: BLE001 - no model yet: the measured cycle as it is
-                print(f"probe {proto} np{n}: not calibrated ({exc})", file=sys.stderr)
+                print(f"probe {proto} {where}: not calibrated ({exc})", file=sys.stderr)
                 over["host_ms"] = over["cycle_ms"]
             host[proto] = over
-            print(f"probe {proto} np{n}: {over['cycle_ms']:.1f} ms per step beyond the device time (median step "
+            print(f"probe {proto} {where}: {over['cycle_ms']:.1f} ms per step beyond the device time (median step "
                   f"{over['host_ms_median']:.1f}), simulator host_ms {over['host_ms']:.1f}, first step "
                   f"{over['first_step_s']:.2f} s, epoch boundary {over['boundary_s']:.2f} s", flush=True)
         for sname in scenarios:
@@ -322,21 +376,21 @@ def main(argv=None):
             for proto in protocols:
                 if proto not in host:
                     continue
-                rdir = _run_dir(args.out, n, sname, proto, args.seed)
+                rdir = _run_dir(args.out, n, sname, proto, args.seed, cluster)
                 done = os.path.exists(os.path.join(rdir, "summary.json"))
                 if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
-                    print(f"time cap reached: np{n} {sname} {proto} not started", file=sys.stderr)
+                    print(f"time cap reached: {where} {sname} {proto} not started", file=sys.stderr)
                     continue
                 try:
                     guess = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                    seed=args.seed + 7)
+                                    seed=args.seed + 7, cluster=cluster)
                 except Exception as exc:  # noqa: BLE001 - no model yet: size the run by BSP's
                     print(f"no prediction for {proto} ({exc}); sizing the run by BSP's", file=sys.stderr)
                     guess = predict("bsp", spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                    seed=args.seed + 7)
+                                    seed=args.seed + 7, cluster=cluster)
                 epochs = max(2, math.ceil(args.fit_s * guess.samples_per_s / train_samples))
                 try:
-                    summ = run_one(rdir, n, spec, proto, args.seed, epochs, args.digits)
+                    summ = run_one(rdir, n, spec, proto, args.seed, epochs, args.digits, cluster=cluster)
                 except (RuntimeError, OSError) as exc:
                     print(str(exc), file=sys.stderr)
                     failed += 1
@@ -344,21 +398,21 @@ def main(argv=None):
                 epochs = summ.get("epochs") or epochs
                 try:
                     pred = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                   seed=args.seed, samples_per_epoch=train_samples)
+                                   seed=args.seed, samples_per_epoch=train_samples, cluster=cluster)
                 except Exception as exc:  # noqa: BLE001 - keep the run; predict again on a rerun
-                    print(f"no prediction for {proto} np{n} {sname}: {exc}", file=sys.stderr)
+                    print(f"no prediction for {proto} {where} {sname}: {exc}", file=sys.stderr)
                     continue
                 meas = summ["samples_per_s"]
                 whole = with_fixed_costs(pred.samples_per_s, summ.get("samples") or epochs * train_samples, epochs,
                                          host[proto])
-                rows.append({"np": n, "scenario": sname, "spec": spec, "protocol": proto, "seed": args.seed,
+                rows.append({"np": n, "cluster": cluster_label(cluster), "scenario": sname, "spec": spec, "protocol": proto, "seed": args.seed,
                              "measured": meas, "predicted": whole, "predicted_steady": pred.samples_per_s,
                              "measured_steady": summ.get("samples_per_s_steady"),
                              "error": whole / meas - 1.0, "probe": host[proto],
                              "compile_fraction": compile_fraction(rdir, summ), "overrun": _overrun(summ),
                              "dataset": "mnist" if mnist else "digits", "epochs": epochs,
                              "wall_s": summ.get("wall_s")})
-                print(f"np{n} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
+                print(f"{where} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
                       f"({rows[-1]['error'] * 100:+.1f}%)", flush=True)
     text, summary = table(rows)
     from hetsync.bench import docpages
