@@ -275,7 +275,8 @@ def _overrun(summary):
 
 
 def table(rows):
-    """The validation table (Markdown, str) and the error summary line."""
+    """The validation table (Markdown, str) and the error summary line (str: per world size and cluster, the
+    runs, the median and worst |error|, and the same over the runs under 1% overrun steps)."""
     body = []
     errs = []
     for r in rows:
@@ -288,8 +289,20 @@ def table(rows):
                      "" if r.get("overrun") is None else f"{r['overrun'] * 100:.1f}%" + (" (!)" if r["overrun"] >= 0.01 else "")])
     text = tabulate(body, headers=["ranks", "hosts", "scenario", "protocol", "measured samples/s", "predicted", "error",
                                    "first step", "overruns"], tablefmt="github")
-    summary = (f"{len(errs)} runs: median |error| {statistics.median(errs) * 100:.1f}%, worst "
-               f"{max(errs) * 100:.1f}%" if errs else "no runs")
+    groups = {}
+    for r in rows:
+        if r.get("error") is not None:
+            groups.setdefault((r["np"], r.get("cluster", "one host")), []).append(r)
+    parts = []
+    for (n, where), group in groups.items():
+        e = [abs(r["error"]) for r in group]
+        clean = [abs(r["error"]) for r in group if r.get("overrun") is not None and r["overrun"] < 0.01]
+        part = (f"np{n} on {where}: {len(e)} runs, median |error| {statistics.median(e) * 100:.1f}%, worst "
+                f"{max(e) * 100:.1f}%")
+        part += (f" ({len(clean)} under 1% overruns: median {statistics.median(clean) * 100:.1f}%, worst "
+                 f"{max(clean) * 100:.1f}%)" if clean else " (none under 1% overruns)")
+        parts.append(part)
+    summary = "; ".join(parts) if parts else "no runs"
     return text, summary
 
 

@@ -107,7 +107,8 @@ def test_a_resumed_validation_launches_nothing_and_writes_the_docs_block(tmp_pat
         assert r["compile_fraction"] == pytest.approx(1.0 / 40.0)
     assert "--out" not in doc["command"]
     page = (docs / "simulator.md").read_text()
-    assert "old" not in page and "| np2 " in page and "one host" in page and "2 runs: median |error|" in page
+    assert "old" not in page and "| np2 " in page and "np2 on one host: 2 runs, median |error|" in page
+    assert "(2 under 1% overruns: median" in page
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
