@@ -22,6 +22,18 @@ def _model():
     return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
 
 
+def _auto_on_digits(steps_per_epoch=None, **config):
+    """A model compiled with hetsync.Auto(SGD(0.05), **config) and its fit arguments on digits (b = 32)."""
+    ds = hetsync.data.load("digits", seed=0)
+    model = _model()
+    opt = hetsync.Auto(keras.optimizers.SGD(0.05), **config)
+    model.compile(opt, "sparse_categorical_crossentropy")
+    fit = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 32)
+    if steps_per_epoch is not None:
+        fit["steps_per_epoch"] = steps_per_epoch
+    return model, opt, fit
+
+
 class _Steps(keras.callbacks.Callback):
     """Each step's protocol name and the optimizer's iteration count after it."""
 
@@ -73,12 +85,7 @@ def test_the_switch_happens_after_the_warm_up_and_the_choice_is_saved_and_restor
 
 
 def test_a_fit_shorter_than_the_warm_up_stays_bsp_and_saves_as_auto(tmp_path, capfd):
-    ds = hetsync.data.load("digits", seed=0)
-    model = _model()
-    opt = hetsync.Auto(keras.optimizers.SGD(0.05), warmup_steps=12, protocols="localsgd")
-    model.compile(opt, "sparse_categorical_crossentropy")
-    fit = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 32)
-    fit["steps_per_epoch"] = 5
+    model, opt, fit = _auto_on_digits(5, warmup_steps=12, protocols="localsgd")
     model.fit(**fit, epochs=1, verbose=0, callbacks=hetsync.callbacks.standard(opt))
     assert opt.hetsync_protocol.name == "auto" and hetsync.core.wrapper.chosen_by(opt) is None
     assert "it ran BSP throughout" in capfd.readouterr().err
@@ -95,12 +102,7 @@ def test_a_fit_shorter_than_the_warm_up_stays_bsp_and_saves_as_auto(tmp_path, ca
 
 
 def test_a_warm_up_that_ends_on_the_fits_last_step_switches_in_the_next_fit():
-    ds = hetsync.data.load("digits", seed=0)
-    model = _model()
-    opt = hetsync.Auto(keras.optimizers.SGD(0.05), warmup_steps=10, protocols="fedavg")
-    model.compile(opt, "sparse_categorical_crossentropy")
-    fit = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 32)
-    fit["steps_per_epoch"] = 5
+    model, opt, fit = _auto_on_digits(5, warmup_steps=10, protocols="fedavg")
     model.fit(**fit, epochs=2, verbose=0, callbacks=hetsync.callbacks.standard(opt))
     assert opt.hetsync_protocol.name == "auto"  # measured 10 steps, but none of this fit was left
     steps = _Steps()
@@ -171,11 +173,7 @@ def test_rebind_refuses_an_attached_protocol_and_an_unwrapped_optimizer():
 
 
 def test_backup_and_restore_is_refused_with_auto_before_training(tmp_path):
-    ds = hetsync.data.load("digits", seed=0)
-    model = _model()
-    opt = hetsync.Auto(keras.optimizers.SGD(0.05))
-    model.compile(opt, "sparse_categorical_crossentropy")
-    fit = opt.hetsync_protocol.fit_data(ds.x_train, ds.y_train, 32)
+    model, opt, fit = _auto_on_digits()
     backup = hetsync.callbacks.BackupAndRestore(str(tmp_path / "ckpt"), save_every_steps=5)
     with pytest.raises(ValueError, match="hetsync.Auto switches the protocol"):
         model.fit(**fit, epochs=1, verbose=0, callbacks=[backup] + hetsync.callbacks.standard(opt))
