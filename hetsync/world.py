@@ -5,7 +5,9 @@
 * ``horovodrun --mpi`` / ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_SIZE`` is set): mpi4py
   initialises MPI with ``MPI_THREAD_MULTIPLE`` and horovod is initialised on
   ``MPI.COMM_WORLD``, so point-to-point traffic (mpi4py) and collectives (horovod) share one
-  world. Every protocol is available.
+  world. Every protocol is available. With ``HETSYNC_COLLECTIVES=gloo`` (:data:`COLLECTIVES_ENV`) horovod's
+  collectives run on Gloo instead, its rendezvous made through MPI, while point-to-point traffic stays on
+  mpi4py (:func:`collectives`); the emulated multi-host cluster sets it when its ranks share too few cores.
 * ``horovodrun --gloo`` (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` is set): horovod on Gloo; only
   collectives-only protocols (BSP, task allocation, SelSync, ...) are available.
 * a plain ``python script.py``: a world of one rank.
@@ -22,6 +24,7 @@ import re
 import sys
 import threading
 
+from hetsync import rendezvous
 from hetsync.errors import NonFiniteError
 
 log = logging.getLogger("hetsync")
@@ -30,7 +33,8 @@ __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mpi_enabled",
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
     "register_shutdown", "dilation", "dilated", "DILATION_ENV", "host_name", "host_names", "HOST_ENVS",
-    "quiet_startup", "is_verbose", "VERBOSE_ENV", "QUIET_ENV",
+    "quiet_startup", "is_verbose", "VERBOSE_ENV", "QUIET_ENV", "collectives", "COLLECTIVES_ENV", "COLLECTIVES",
+    "RENDEZVOUS_TIMEOUT_S",
 ]
 
 
@@ -52,8 +56,20 @@ VERBOSE_ENV = "HETSYNC_VERBOSE"
 #: absl::InitializeLog() ..." line.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
+#: the environment variable that chooses what horovod's collectives run on under an MPI launch: ``mpi``
+#: (the default: horovod on ``MPI.COMM_WORLD``) or ``gloo`` (horovod on Gloo, its rendezvous made through MPI;
+#: mpi4py's point-to-point traffic stays on MPI). horovod's MPI controller spin-waits in a blocking
+#: ``MPI_Allreduce`` every cycle; where ranks share too few cores and talk over TCP (the emulated multi-host
+#: cluster on a small machine) those waits starved the ranks they waited for, for seconds at a time. Gloo's
+#: waits block.
+COLLECTIVES_ENV = rendezvous.COLLECTIVES_ENV
+#: the values :data:`COLLECTIVES_ENV` may take.
+COLLECTIVES = ("mpi", "gloo")
+#: seconds (times the dilation D) each MPI exchange of the Gloo rendezvous may wait for the other ranks.
+RENDEZVOUS_TIMEOUT_S = 120.0
+
 _lock = threading.Lock()
-_state = {"mode": None}
+_state = {"mode": None, "collectives": None, "rendezvous": None}
 _shutdown_hooks = []
 
 
@@ -141,12 +157,23 @@ def init(collective_timeout_s=None):
                 # polling would starve the ranks that compute; yield as `mpirun --oversubscribe` does.
                 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
             world = _init_mpi_world()
-            if not hvd.mpi_built():
-                raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
-                                   "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
-            hvd.init(comm=world)
+            # rank 0's choice, for every rank: mpirun forwards no variable to other hosts unless told (-x)
+            chosen, hosts = _exchange_at_init(world, _chosen_collectives())
+            if chosen == "gloo":
+                if not hvd.gloo_built():
+                    raise RuntimeError(f"{COLLECTIVES_ENV}=gloo but horovod was built without Gloo; rebuild horovod "
+                                       "with HOROVOD_WITH_GLOO=1 (`make deps`) or unset the variable")
+                _state["rendezvous"] = rendezvous.gloo_over_mpi(world, hosts, dilated(RENDEZVOUS_TIMEOUT_S))
+                hvd.init()
+            else:
+                if not hvd.mpi_built():
+                    raise RuntimeError("hetsync was launched under MPI but horovod was built without MPI; "
+                                       "rebuild horovod with HOROVOD_WITH_MPI=1 (`make deps`).")
+                hvd.init(comm=world)
+            _state["collectives"] = chosen
         else:
             hvd.init()
+            _state["collectives"] = mode if mode == "gloo" else None
         # a process that dies of a non-finite stop prints hetsync's one-line message; under MPI the
         # stopped rank ends the whole job (exit status non-zero)
         _install_excepthook(abort_job=mode == "mpi")
@@ -226,6 +253,12 @@ def launch_mode():
     return _state["mode"]
 
 
+def collectives():
+    """What horovod's collectives run on: ``"mpi"``, ``"gloo"`` (``horovodrun --gloo``, or an MPI launch with
+    ``HETSYNC_COLLECTIVES=gloo``), or None in a single process and before :func:`init`."""
+    return _state["collectives"]
+
+
 def mpi_enabled():
     """Return True when point-to-point traffic through mpi4py is available (MPI launch or one rank)."""
     return _state["mode"] in ("mpi", "single")
@@ -261,7 +294,10 @@ def shutdown():
         for fn in hooks:
             fn()
         _hvd().shutdown()
-        _state["mode"] = None
+        server, _state["rendezvous"] = _state["rendezvous"], None
+        if server is not None:
+            server.stop()
+        _state["mode"] = _state["collectives"] = None
 
 
 def register_shutdown(fn):
@@ -509,3 +545,32 @@ class _FilteredLoader(importlib.abc.Loader):
             module.__loader__ = self.loader
             if getattr(module, "__spec__", None) is not None:
                 module.__spec__.loader = self.loader
+
+
+def _chosen_collectives():
+    value = os.environ.get(COLLECTIVES_ENV, "mpi").strip().lower() or "mpi"
+    if value not in COLLECTIVES:
+        raise ValueError(f"{COLLECTIVES_ENV}={os.environ[COLLECTIVES_ENV]!r}: allowed values are "
+                         f"{', '.join(COLLECTIVES)} (what horovod's collectives run on under an MPI launch)")
+    return value
+
+
+def _exchange_at_init(comm, chosen):
+    """One allgather at an MPI launch's start: every rank's :func:`host_name` and its :data:`COLLECTIVES_ENV`
+    choice. Returns (rank 0's choice, the host names by rank); waits at most :data:`RENDEZVOUS_TIMEOUT_S` x D
+    seconds."""
+    import numpy as np
+
+    width = 256
+    mine = np.zeros(width, np.uint8)
+    mine[0] = COLLECTIVES.index(chosen)
+    name = host_name().encode()[:width - 1]
+    mine[1:1 + len(name)] = np.frombuffer(name, np.uint8)
+    table = np.zeros((comm.Get_size(), width), np.uint8)
+    rendezvous.wait_mpi(comm.Iallgather(mine, table), "the host names' allgather", comm,
+                        dilated(RENDEZVOUS_TIMEOUT_S))
+    choice = COLLECTIVES[int(table[0, 0])]
+    if choice != chosen:
+        log.info("hetsync rank %d: horovod's collectives on %s, rank 0's choice (%s=%s here)", comm.Get_rank(),
+                 choice, COLLECTIVES_ENV, chosen)
+    return choice, [bytes(row[1:]).rstrip(b"\0").decode() for row in table]

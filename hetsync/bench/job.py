@@ -219,6 +219,7 @@ def main(argv=None, extra_callbacks=()):
         time_to_target_resolution_s=accuracy.time_to_target_resolution_s,
         accuracy_curve=accuracy.curve, samples_per_s=samples / metrics.summary["wall_s"], **accuracy.extra,
         weights_max_abs_diff=diff, weights_in_sync=bool(diff <= 1e-6), dilation=slowdown.dilation,
+        collectives=hetsync.world.collectives(),
     )
     if rank == 0:
         try:  # every rank's step records are in args.out (one host, or hosts that share the folder)

@@ -69,6 +69,7 @@ def test_horovodrun_trains_bsp_across_two_hosts_with_no_ssh_flags(tmp_path):
     summary, links = _job_across_hosts(tmp_path, [os.path.join(os.path.dirname(PY), "horovodrun")],
                                        cluster=["--dilation", "2"], job=["--slowdown", "device:10"])
     assert [r["host"] for r in summary["per_rank"]] == ["h0", "h0", "h1", "h1"]
+    assert summary["collectives"] == "gloo"  # 4 ranks on 2 cores: the cluster puts horovod on Gloo
     assert summary["dilation"] == 2.0 and all(_emulated_ms(tmp_path / "job", r) == {20.0} for r in range(4))
     assert summary["weights_in_sync"] and summary["steps"] == 2 * 11  # 359 samples per rank: 11 steps of 32
     # each step's allreduce between 2 hosts moves at least one gradient (the mlp's 9,610 float32 weights,

@@ -43,3 +43,17 @@ def test_dispatcher_between_ranks(np_, tmp_path):
     assert miss["reply_late_pending"] == [[2, "reply", 2]] and 0.5 <= miss["reply_late_s"] < 10.0
     st = miss["shutdown"]["channels"]
     assert st["reply"]["read"] == st["fail"]["read"] == 1  # the failure report was read, not left over
+
+
+def test_collectives_on_gloo_with_point_to_point_on_mpi(tmp_path):
+    """HETSYNC_COLLECTIVES=gloo on rank 0 only: every rank runs horovod on Gloo (rank 0's choice), the
+    allreduce has its closed form, the dispatcher's ring arrives in order, and BSP ends with equal weights."""
+    out = tmp_path / "gloo.json"
+    launch(3, ["tests/jobs/gloo_over_mpi_check.py", str(out)], timeout=240)
+    rows = read_json(out)
+    assert [r["rank"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert (r["size"], r["mode"], r["collectives"], r["gloo"], r["mpi_p2p"]) == (3, "mpi", "gloo", True, True)
+        assert r["sum"] == 6.0  # 1 + 2 + 3
+        assert r["ring"] == [{"from": (r["rank"] - 1) % 3, "i": i} for i in range(5)]
+        assert r["weights_diff"] == 0.0

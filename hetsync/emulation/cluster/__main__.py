@@ -33,7 +33,7 @@ from hetsync.emulation.cluster.net import Cluster, down_all, list_clusters
 from hetsync.emulation.cluster.spec import ClusterSpec, parse_host_links, parse_host_slots
 from hetsync.emulation.cluster.ssh import sshd_path
 from hetsync.errors import ClusterError
-from hetsync.world import DILATION_ENV
+from hetsync.world import COLLECTIVES_ENV, DILATION_ENV
 
 __all__ = ["main", "parse_args", "spec_from_args", "substitute", "LAUNCHERS"]
 
@@ -115,6 +115,10 @@ def _run(args):
         # every emulated host believes it has the machine's cores: without this OpenMPI would busy-poll
         # S ranks per host on cores that N x S ranks share
         env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        # horovod's MPI controller spin-waits in a blocking allreduce every cycle; with ranks on TCP sharing
+        # too few cores, those waits starved the ranks they waited for (stalls of seconds on every rank):
+        # horovod's collectives go on Gloo (blocking waits), mpi4py's point-to-point traffic stays on MPI
+        env.setdefault(COLLECTIVES_ENV, "gloo")
     cluster = Cluster(spec, ssh=True if launcher and spec.hosts > 1 else "auto")
 
     def stop(signum, frame):
