@@ -4,7 +4,7 @@
 mpi4py keeps the MPI world for point-to-point traffic, and horovod runs its controller and collectives on
 Gloo, whose waits block, instead of spin-waiting in MPI. What ``horovodrun --gloo`` does before it starts
 the ranks is done here by the ranks themselves, over MPI: rank 0 starts horovod's rendezvous server with
-the slot plan (:func:`gloo_slots`) and broadcasts its address; every rank sets horovod's Gloo variables
+the slot plan (:func:`gloo_slots`) and broadcasts its address and interface; every rank sets horovod's Gloo variables
 before ``hvd.init()``. Called by :func:`hetsync.world.init` only.
 """
 import os
@@ -100,11 +100,12 @@ def wait_mpi(request, what, comm, timeout_s):
 def gloo_over_mpi(comm, hosts, timeout_s):
     """Set this rank's environment for horovod's Gloo rendezvous, made through MPI.
 
-    Rank 0 starts horovod's rendezvous server with :func:`gloo_slots` of ``hosts`` and broadcasts its address
-    (the IPv4 address of :func:`gloo_iface` on rank 0's host) and port; every rank then sets
-    ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``, ``HOROVOD_CONTROLLER``/``CPU_OPERATIONS=gloo``,
-    ``HOROVOD_GLOO_IFACE`` and its slot (``HOROVOD_RANK``, ``SIZE``, ``LOCAL_RANK``, ...), as ``horovodrun
-    --gloo`` would, so that ``hvd.init()`` joins the Gloo context.
+    Rank 0 chooses the interface (:func:`gloo_iface`), starts horovod's rendezvous server with
+    :func:`gloo_slots` of ``hosts`` and broadcasts the interface's name, its IPv4 address on rank 0's host and
+    the server's port. Every rank then sets ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``,
+    ``HOROVOD_CONTROLLER``/``CPU_OPERATIONS=gloo``, ``HOROVOD_GLOO_IFACE`` and its slot (``HOROVOD_RANK``,
+    ``SIZE``, ``LOCAL_RANK``, ...), as ``horovodrun --gloo`` would, so that ``hvd.init()`` joins the Gloo context.
+    Only rank 0's environment matters: ``mpirun`` passes no variable to other hosts unless told to.
 
     Args:
         comm: mpi4py intracommunicator, the MPI world (every rank calls this).
@@ -114,24 +115,37 @@ def gloo_over_mpi(comm, hosts, timeout_s):
         horovod's ``RendezvousServer`` on rank 0 (stop it at shutdown), None on the other ranks.
 
     Raises:
-        RuntimeError: no interface for Gloo, the interface has no IPv4 address, or the broadcast timed out.
+        RuntimeError: no interface for Gloo or the interface has no IPv4 address (rank 0 names the cause, the
+            other ranks refer to it), or the broadcast timed out.
     """
     import ipaddress
 
     import numpy as np
 
     slots = gloo_slots(hosts)
-    iface = gloo_iface(single_host=len(set(hosts)) == 1)
-    server, info = None, np.zeros(2, np.int64)
+    width = 16  # bytes of an interface name (IFNAMSIZ)
+    server, info, error = None, np.zeros(2 + width, np.int64), None
     if comm.Get_rank() == 0:
-        from horovod.runner.http.http_server import RendezvousServer
+        try:
+            iface = gloo_iface(single_host=len(set(hosts)) == 1)
+            address = iface_address(iface)
+            from horovod.runner.http.http_server import RendezvousServer
 
-        address = iface_address(iface)
-        server = RendezvousServer()
-        port = server.start()
-        server.init(slots)
-        info[:] = (int(ipaddress.IPv4Address(address)), port)
+            server = RendezvousServer()
+            port = server.start()
+            server.init(slots)
+            name = iface.encode()[:width]
+            info[:2] = (int(ipaddress.IPv4Address(address)), port)
+            info[2:2 + len(name)] = list(name)
+        except RuntimeError as exc:
+            error = exc  # broadcast the zero address first, so the other ranks fail at once too
     wait_mpi(comm.Ibcast(info, root=0), "the rendezvous address's broadcast", comm, timeout_s)
+    if error is not None:
+        raise error
+    if info[1] == 0:
+        raise RuntimeError(f"rank {comm.Get_rank()}: rank 0 could not start the Gloo rendezvous (its error names "
+                           "the cause)")
+    iface = bytes(int(b) for b in info[2:] if b).decode()
     me = slots[comm.Get_rank()]
     os.environ.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": str(ipaddress.IPv4Address(int(info[0]))),

@@ -34,6 +34,8 @@ def test_mpirun_places_ranks_on_the_hosts_and_the_allreduce_crosses_the_links(tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     probe = json.loads(out.read_text())
     assert probe["hosts"] == ["h0", "h0", "h1", "h1"] and probe["sum_ok"]
+    # plain mpirun passes no variable to h1: rank 0's choice of Gloo and its interface hold for every rank
+    assert probe["collectives"] == "gloo" and probe["horovod_sum"] == 10.0  # 1 + 2 + 3 + 4
     down = json.loads(proc.stdout.strip().splitlines()[-1])
     links = {link["host"]: link for link in down["links"]}
     # each host must send the other at least the half it reduces and the half it gathers: nbytes in all

@@ -119,6 +119,7 @@ def _run(args):
         # too few cores, those waits starved the ranks they waited for (stalls of seconds on every rank):
         # horovod's collectives go on Gloo (blocking waits), mpi4py's point-to-point traffic stays on MPI
         env.setdefault(COLLECTIVES_ENV, "gloo")
+        env.setdefault("HOROVOD_GLOO_IFACE", "eth0")  # each host's link (rank 0 passes it on to the others)
     cluster = Cluster(spec, ssh=True if launcher and spec.hosts > 1 else "auto")
 
     def stop(signum, frame):
