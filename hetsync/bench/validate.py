@@ -145,7 +145,7 @@ def _data_args(digits):
     return launch.dataset_args(digits=digits)
 
 
-def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0, cluster=None):
+def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0, cluster=None, **flags):
     """Launch one validation run unless its ``summary.json`` exists; return the summary (dict).
 
     Args:
@@ -153,6 +153,8 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
         digits: bool, use the digits set even when MNIST is there. timeout_s: float seconds.
         cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` (its hosts x slots is ``n``) to run on
             the emulated multi-host cluster, or None (horovodrun on this host).
+        flags: more job flags (:func:`hetsync.bench.launch.job_argv`'s keywords, e.g. ``eval_every=5``,
+            ``target_accuracy=0.9``).
 
     Raises:
         RuntimeError: the launch failed (its output's tail in the message).
@@ -164,7 +166,8 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
             return json.load(f)
     os.makedirs(out_dir, exist_ok=True)
     argv = launch.job_argv(protocol, out_dir, PROTOCOL_ARGS.get(protocol, ()),
-                           extra=_data_args(digits), epochs=epochs, slowdown=spec, seed=seed, batch_size=32)
+                           extra=_data_args(digits), epochs=epochs, slowdown=spec, seed=seed, batch_size=32,
+                           **flags)
     if cluster is None:
         cmd = launch.horovodrun(n, argv)
     else:

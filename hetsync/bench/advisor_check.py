@@ -1,0 +1,375 @@
+"""The advisor against measured time to target: does its first choice reach the target first?
+
+``python -m hetsync.bench.advisor_check --out runs/advisor-check [--np 4] [--scenarios A,B] [--protocols a,b]
+[--seeds 1 2 3] [--epochs 4] [--eval-every 4] [--lr 0.2] [--time-cap-min M] [--update-docs]``
+
+For each validation scenario (:data:`hetsync.bench.validate.SCENARIOS`) it trains the job with every protocol of
+the validation (:data:`hetsync.bench.validate.PROTOCOLS`, with the same protocol arguments) for a fixed number of
+epochs under each seed, on the emulated cluster of this machine, and reads each run's ``time_to_target_s`` (the
+first evaluation of rank 0's model at or above the target accuracy; evaluated every ``--eval-every`` steps and
+refined near the target, :class:`hetsync.callbacks.TestAccuracy`) and ``samples_to_target``. Per scenario and
+protocol the figure is the median over the seeds; a run that did not reach the target counts as later than
+every run that did. The *measured best* is the protocol with the smallest median.
+
+The advisor's *first choice* is what ``python -m hetsync.advise --predict --scenario SPEC --np N --host-ms H
+--protocols ...`` recommends (:func:`hetsync.advise.predict.predict`, its 5% tie band included), among the same
+protocols, where H, the host's work per step outside the device time, is calibrated from a separate BSP probe
+run (2 epochs of ``device:40`` under another seed; :func:`hetsync.bench.validate.calibrate_host_ms`): the
+prediction never sees the runs it is checked against. The check (:func:`verdict`) passes a scenario when the
+choice's median time to target is within :data:`WITHIN` (10%) of the best's, and fails it outright when the
+choice is BSP and another protocol reached the target :data:`BSP_RULE` (1.5) times sooner.
+
+Runs keep their folders; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
+(resumable); ``--time-cap-min`` stops starting new runs after that many minutes. ``advisor_check.json`` holds
+every run and verdict, and the medians as benchmark result rows (:func:`benchmark_rows`: ``python -m
+hetsync.sim.target`` rebuilds the advisor's statistical efficiencies from such a document); ``--update-docs``
+writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+from tabulate import tabulate
+
+from hetsync.bench import launch
+from hetsync.bench import validate as _validate
+
+__all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "median_time", "verdict", "advisor_choice", "table", "benchmark_rows",
+           "main"]
+
+#: the first choice passes when its median time to target is at most (1 + WITHIN) times the best's.
+WITHIN = 0.10
+#: the choice must never be BSP where another protocol's median time to target is this many times shorter.
+BSP_RULE = 1.5
+#: the generated table's markers in the documentation page.
+BEGIN, END = "<!-- BEGIN generated: advisor check -->", "<!-- END generated: advisor check -->"
+
+
+def median_time(times):
+    """Median time to target over seeds, a run that missed the target counting as later than any that reached it.
+
+    Args:
+        times: non-empty list of float seconds or None (not reached).
+
+    Returns:
+        float seconds, or ``math.inf`` when the median run did not reach the target.
+
+    Raises:
+        ValueError: ``times`` is empty.
+    """
+    if not times:
+        raise ValueError("median_time needs at least one run")
+    return float(statistics.median([math.inf if t is None else float(t) for t in times]))
+
+
+def verdict(medians, choice, within=WITHIN, bsp_rule=BSP_RULE):
+    """Judge the advisor's choice against the measured medians of one scenario.
+
+    Args:
+        medians: dict protocol -> float median time to target in seconds (``math.inf``: not reached).
+        choice: str, the advisor's first choice (a key of ``medians``).
+        within: float >= 0, the allowed excess over the best (0.10: 10%). bsp_rule: float > 1.
+
+    Returns:
+        dict: ``best`` (str), ``best_s``, ``choice_s`` (floats, seconds), ``ratio`` (choice over best, float,
+        ``math.inf`` when the choice did not reach the target), ``bsp_rule_broken`` (bool: the choice is BSP and a
+        protocol's median is at most BSP's / ``bsp_rule``), ``ok`` (bool: ratio <= 1 + within and the BSP rule
+        holds), ``reached`` (bool: some protocol reached the target in its median run).
+
+    Raises:
+        ValueError: ``choice`` has no measurement, or ``medians`` is empty.
+    """
+    if not medians:
+        raise ValueError("no measured protocol")
+    if choice not in medians:
+        raise ValueError(f"the advisor's choice {choice!r} was not measured; measured: {', '.join(sorted(medians))}")
+    best = min(medians, key=lambda p: (medians[p], p != choice))
+    best_s, choice_s = medians[best], medians[choice]
+    reached = math.isfinite(best_s)
+    ratio = choice_s / best_s if reached and math.isfinite(choice_s) else (1.0 if not reached else math.inf)
+    broken = choice == "bsp" and any(p != "bsp" and math.isfinite(medians[p]) and medians[p] * bsp_rule <= choice_s
+                                     for p in medians)
+    return {"best": best, "best_s": best_s, "choice_s": choice_s, "ratio": ratio, "bsp_rule_broken": broken,
+            "ok": bool(reached and ratio <= 1.0 + within and not broken), "reached": reached}
+
+
+def advisor_choice(spec, n, host_ms, protocols):
+    """The advisor's ranking for a scenario, as ``python -m hetsync.advise --predict`` makes it.
+
+    Args:
+        spec: str slowdown spec. n: int ranks. host_ms: float milliseconds of host work per step.
+        protocols: sequence of protocol names to rank (BSP is always among them).
+
+    Returns:
+        list of :func:`hetsync.advise.predict.predict` rows, the first choice first.
+
+    Raises:
+        ValueError: a bad scenario or protocol (names it).
+    """
+    from hetsync.advise import predict as _predict
+
+    inputs = _predict.inputs_from_args(spec, n, host_ms=host_ms)
+    return _predict.predict(inputs, tuple(protocols))
+
+
+def _finite(obj):
+    """``obj`` with every infinite float replaced by None (JSON has no infinity)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _fmt_s(t):
+    return "not reached" if not math.isfinite(t) else f"{t:.1f}"
+
+
+def table(scenarios):
+    """The check's table (Markdown, str) and its summary line (str).
+
+    Args:
+        scenarios: list of dicts, one per scenario: ``scenario``, ``protocols`` (list of names in column order),
+            ``medians`` (protocol -> seconds), ``samples`` (protocol -> median samples to target or None),
+            ``choice``, ``predicted`` (the choice's predicted time-to-target speed-up over BSP), ``verdict``
+            (:func:`verdict`), ``overrun_max`` (float), ``overrun_runs`` (int runs with 1% or more overrun steps),
+            ``seeds`` (int runs per protocol).
+
+    Returns:
+        (str, str).
+    """
+    protos = []
+    for s in scenarios:
+        protos += [p for p in s["protocols"] if p not in protos]
+    body = []
+    for s in scenarios:
+        v = s["verdict"]
+        cells = []
+        for p in protos:
+            t = s["medians"].get(p)
+            if t is None:
+                cells.append("")
+                continue
+            mark = ("*" if p == s["choice"] else "") + ("<" if p == v["best"] else "")
+            cells.append(_fmt_s(t) + mark)
+        body.append([s["scenario"], *cells, f"{s['choice']} ({s['predicted']:.2f}x)",
+                     "" if not math.isfinite(v["ratio"]) else f"{v['ratio']:.2f}",
+                     ("yes" if v["ok"] else "no") + (" (BSP rule)" if v["bsp_rule_broken"] else ""),
+                     f"{s['overrun_max'] * 100:.1f}%" + (" (!)" if s["overrun_max"] >= 0.01 else ""),
+                     f"{s.get('overrun_runs', 0)} of {s['seeds'] * len(s['protocols'])}"])
+    text = tabulate(body, headers=["scenario", *protos, "advisor's choice (predicted vs BSP)", "choice / best",
+                                   "within 10%", "worst overruns", "runs >= 1% overruns"], tablefmt="github",
+                    disable_numparse=True)
+    kbody = []
+    for s in scenarios:
+        k = s.get("samples", {})
+        kbody.append([s["scenario"], *["" if k.get(p) is None else ("not reached" if not math.isfinite(k[p]) else
+                                                                     f"{k[p] / 1e3:.1f}k") for p in protos]])
+    text += ("\n\nMedian samples to target (all ranks' samples up to the first evaluation at or above the target):\n\n"
+             + tabulate(kbody, headers=["scenario", *protos], tablefmt="github", disable_numparse=True))
+    ok = sum(1 for s in scenarios if s["verdict"]["ok"])
+    broken = sum(1 for s in scenarios if s["verdict"]["bsp_rule_broken"])
+    summary = (f"the advisor's first choice was within {WITHIN * 100:.0f}% of the measured best median time to target "
+               f"in {ok} of {len(scenarios)} scenarios" + (f" ({ok / len(scenarios) * 100:.0f}%)" if scenarios else "")
+               + f"; BSP chosen where a protocol was {BSP_RULE:g}x faster: {broken}")
+    return text, summary
+
+
+def benchmark_rows(scenarios, n, dataset):
+    """The scenarios' medians as benchmark result rows, one per scenario and protocol, so that
+    :func:`hetsync.sim.target.estimate_from_results` can rebuild the statistical efficiencies from a check run
+    (on seeds other than those the check reports).
+
+    Args:
+        scenarios: list of per-scenario dicts (:func:`table`'s input, with ``spec``, ``medians``, ``samples`` and
+            ``samples_per_s``: protocol -> median samples/s). n: int ranks. dataset: str, ``"mnist"`` or ``"digits"``.
+
+    Returns:
+        list of dicts: ``cell`` (``npN:DATASET/SPEC``), ``protocol``, ``samples_to_target``, ``time_to_target_s``
+        (medians; None where the median run missed the target), ``samples_per_s`` (median).
+    """
+    rows = []
+    for s in scenarios:
+        for p in s["protocols"]:
+            t, k = s["medians"][p], s["samples"].get(p)
+            rows.append({"cell": f"np{n}:{dataset}/{s['spec']}", "protocol": p,
+                         "samples_to_target": k if k is not None and math.isfinite(k) else None,
+                         "time_to_target_s": t if math.isfinite(t) else None,
+                         "samples_per_s": s.get("samples_per_s", {}).get(p)})
+    return rows
+
+
+def _probe_host_ms(out, n, seed, digits):
+    pdir = os.path.join(out, "probes", f"np{n}", "bsp")
+    _validate.run_one(pdir, n, "device:40", "bsp", seed, 2, digits)
+    over = _validate.probe_overheads(pdir)
+    if over is None:
+        raise RuntimeError(f"the BSP probe in {pdir} left no step records")
+    return _validate.calibrate_host_ms("bsp", n, over), over
+
+
+def _scenario_result(out, n, sname, protocols, seeds, host_ms):
+    spec = _validate.scenario_spec(sname, n)
+    runs, medians, samples, rates, overrun, over_runs = [], {}, {}, {}, 0.0, 0
+    for proto in protocols:
+        times, counts, speeds = [], [], []
+        for seed in seeds:
+            path = os.path.join(out, "runs", f"np{n}", sname, proto, f"seed{seed}", "summary.json")
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                summ = json.load(f)
+            times.append(summ.get("time_to_target_s"))
+            counts.append(summ.get("samples_to_target"))
+            speeds.append(summ.get("samples_per_s"))
+            overrun = max(overrun, summ.get("overrun_fraction") or 0.0)
+            over_runs += (summ.get("overrun_fraction") or 0.0) >= 0.01
+            runs.append({"protocol": proto, "seed": seed, "time_to_target_s": times[-1],
+                         "samples_to_target": counts[-1],
+                         "fit_wall_s": summ.get("fit_wall_s"), "samples_per_s": summ.get("samples_per_s"),
+                         "final_test_accuracy": summ.get("final_test_accuracy"),
+                         "time_to_target_resolution_s": summ.get("time_to_target_resolution_s"),
+                         "overrun_fraction": summ.get("overrun_fraction")})
+        if len(times) == len(seeds):
+            medians[proto] = median_time(times)
+            samples[proto] = median_time(counts)
+            rates[proto] = statistics.median(x for x in speeds if x) if any(speeds) else None
+    if set(medians) != set(protocols):
+        return None, runs
+    rows = advisor_choice(spec, n, host_ms, protocols)
+    choice = rows[0]["protocol"]
+    return {"scenario": sname, "spec": spec, "protocols": list(protocols), "medians": medians, "samples": samples,
+            "samples_per_s": rates, "choice": choice, "predicted": rows[0]["time_to_target_vs_bsp"],
+            "ranking": [{k: r[k] for k in ("protocol", "time_to_target_vs_bsp", "samples_per_s_vs_bsp",
+                                           "statistical_efficiency")} for r in rows],
+            "verdict": verdict(medians, choice), "overrun_max": overrun, "overrun_runs": over_runs,
+            "seeds": len(seeds)}, runs
+
+
+def main(argv=None):
+    """``python -m hetsync.bench.advisor_check``: run (or resume) the check and print its table.
+
+    Args:
+        argv: list of str (default ``sys.argv[1:]``); see ``--help``.
+
+    Returns:
+        int exit status: 0, or 1 when a run failed (the others are kept).
+
+    Raises:
+        SystemExit: bad arguments (argparse names the value).
+    """
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/advisor-check", help="output folder (reused: finished runs are skipped)")
+    p.add_argument("--np", type=int, default=4, help="ranks of every run")
+    p.add_argument("--scenarios", default=",".join(_validate.SCENARIOS),
+                   help="comma-separated: " + ", ".join(_validate.SCENARIOS))
+    p.add_argument("--protocols", default=",".join(_validate.PROTOCOLS),
+                   help="comma-separated, BSP among them: " + ", ".join(_validate.PROTOCOLS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every scenario and protocol")
+    p.add_argument("--epochs", type=int, default=4, help="epochs of every run (the same samples for every protocol)")
+    p.add_argument("--eval-every", type=int, default=4, help="evaluate rank 0's model every N of its steps")
+    p.add_argument("--target", type=float, default=0.9, help="target test accuracy, in (0, 1]")
+    p.add_argument("--lr", type=float, default=0.2, help="SGD learning rate of every run (that of the main job and "
+                   "the benchmarks, whose runs gave the advisor's statistical efficiencies)")
+    p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
+    p.add_argument("--update-docs", action="store_true", help="write docs/simulator/advisor_check.json and the table "
+                   "of docs/simulator.md")
+    p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
+    args = p.parse_args(argv)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
+    for s in scenarios:
+        if s not in _validate.SCENARIOS:
+            p.error(f"unknown scenario {s!r}; known: {', '.join(_validate.SCENARIOS)}")
+    for proto in protocols:
+        if proto not in _validate.PROTOCOLS:
+            p.error(f"protocol {proto!r} is not checked; choose from {', '.join(_validate.PROTOCOLS)}")
+    if "bsp" not in protocols:
+        p.error(f"--protocols must include bsp (the BSP rule needs it), got {args.protocols!r}")
+    if args.np < 2:
+        p.error(f"--np must be at least 2 ranks, got {args.np}")
+    if args.epochs < 1 or args.eval_every < 1:
+        p.error(f"--epochs and --eval-every must be >= 1, got {args.epochs} and {args.eval_every}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if not 0 < args.target <= 1:
+        p.error(f"--target must be in (0, 1], got {args.target}")
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds lists a seed twice: {args.seeds}")
+
+    t0 = time.monotonic()
+    failed = 0
+    host_ms, over = _probe_host_ms(args.out, args.np, max(args.seeds) + 100, args.digits)
+    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time; advisor --host-ms {host_ms:.1f}",
+          flush=True)
+    results, all_runs = [], []
+    for sname in scenarios:
+        spec = _validate.scenario_spec(sname, args.np)
+        for seed in args.seeds:
+            for proto in protocols:
+                rdir = os.path.join(args.out, "runs", f"np{args.np}", sname, proto, f"seed{seed}")
+                done = os.path.exists(os.path.join(rdir, "summary.json"))
+                if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
+                    continue
+                try:
+                    summ = _validate.run_one(rdir, args.np, spec, proto, seed, args.epochs, args.digits,
+                                             eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
+                except (RuntimeError, OSError) as exc:
+                    print(str(exc), file=sys.stderr)
+                    failed += 1
+                    continue
+                if not done:
+                    t = summ.get("time_to_target_s")
+                    print(f"{sname:15s} seed {seed} {proto:10s} time to target "
+                          f"{'not reached' if t is None else f'{t:.1f} s'}, {summ['samples_per_s']:.0f} samples/s, "
+                          f"overruns {summ.get('overrun_fraction', 0) * 100:.1f}%", flush=True)
+        res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms)
+        all_runs += [{"scenario": sname, **r} for r in runs]
+        if res is None:
+            print(f"{sname}: not every run is there (time cap or failure); left out of the verdict", file=sys.stderr)
+            continue
+        results.append(res)
+        print(f"{sname}: advisor chose {res['choice']}, measured best {res['verdict']['best']} "
+              f"(choice / best {res['verdict']['ratio']:.2f})", flush=True)
+    text, summary = table(results)
+    from hetsync.bench import docpages
+
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    mnist = launch.mnist_dir() is not None and not args.digits
+    doc = {"command": docpages.without_out("python -m hetsync.bench.advisor_check " + given),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "seeds": args.seeds,
+           "epochs": args.epochs, "target": args.target, "lr": args.lr, "dataset": "mnist" if mnist else "digits",
+           "host_ms": host_ms, "scenarios": results, "runs": all_runs, "summary": summary,
+           "rows": benchmark_rows(results, args.np, "mnist" if mnist else "digits")}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "advisor_check.json"), "w") as f:
+        json.dump(_finite(doc), f, indent=1)
+    print(text)
+    print(summary)
+    if args.update_docs:
+        os.makedirs(os.path.join(args.docs_dir, "simulator"), exist_ok=True)
+        with open(os.path.join(args.docs_dir, "simulator", "advisor_check.json"), "w") as f:
+            json.dump(_finite(doc), f, indent=1)
+        page = os.path.join(args.docs_dir, "simulator.md")
+        with open(page) as f:
+            old = f.read()
+        body = (f"Measured {doc['date_utc']} UTC with `{doc['command']}` ({args.np} ranks, {doc['dataset']}, "
+                f"{args.epochs} epochs, learning rate {args.lr:g}, target {args.target:g}, seeds "
+                f"{', '.join(map(str, args.seeds))}; advisor "
+                f"`--host-ms {host_ms:.1f}` from the BSP probe): {summary}.\n\n"
+                "Median time to target in seconds over the seeds; `*` the advisor's choice, `<` the measured best.\n\n"
+                + text)
+        with open(page, "w") as f:
+            f.write(docpages.replace_block(old, BEGIN, END, body, "### Does the advisor choose well?"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

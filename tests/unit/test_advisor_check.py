@@ -1,0 +1,105 @@
+"""The advisor's check against measured time to target (hetsync.bench.advisor_check) without launches: the
+median with runs that missed the target, the verdict's 10% band and BSP rule, and a resumed check that finds
+every summary on disk (no launch), asks the advisor and writes the documentation block."""
+import json
+import math
+import os
+
+import pytest
+
+from hetsync.bench import advisor_check, launch
+
+
+def test_a_run_that_missed_the_target_counts_as_later_than_every_run_that_reached_it():
+    assert advisor_check.median_time([12.0, None, 10.0]) == 12.0
+    assert advisor_check.median_time([None, None, 10.0]) == math.inf
+    assert advisor_check.median_time([3.0, 5.0]) == 4.0
+    with pytest.raises(ValueError, match="at least one run"):
+        advisor_check.median_time([])
+
+
+def test_the_choice_passes_within_ten_percent_of_the_best_and_fails_beyond():
+    medians = {"bsp": 30.0, "rna": 20.0, "fedavg": 21.9}
+    v = advisor_check.verdict(medians, "fedavg")
+    assert v["best"] == "rna" and v["ratio"] == pytest.approx(21.9 / 20.0) and v["ok"] and not v["bsp_rule_broken"]
+    v = advisor_check.verdict({**medians, "fedavg": 22.1}, "fedavg")
+    assert v["ratio"] == pytest.approx(1.105) and not v["ok"]
+    v = advisor_check.verdict(medians, "rna")
+    assert v["ratio"] == 1.0 and v["ok"]
+    # a choice that did not reach the target fails; a tie with the best is the choice's
+    assert not advisor_check.verdict({"bsp": 30.0, "rna": math.inf}, "rna")["ok"]
+    assert advisor_check.verdict({"bsp": 20.0, "rna": 20.0}, "rna")["best"] == "rna"
+
+
+def test_bsp_is_never_right_where_a_protocol_was_one_and_a_half_times_faster():
+    v = advisor_check.verdict({"bsp": 30.0, "rna": 20.0}, "bsp")  # exactly 1.5x: broken even with a 10% band off
+    assert v["bsp_rule_broken"] and not v["ok"]
+    v = advisor_check.verdict({"bsp": 30.0, "rna": 20.5}, "bsp")  # 1.46x: outside 10% but not the BSP rule
+    assert not v["bsp_rule_broken"] and not v["ok"]
+    v = advisor_check.verdict({"bsp": 30.0, "rna": math.inf}, "bsp")  # a protocol that never reached breaks nothing
+    assert v["ok"] and not v["bsp_rule_broken"]
+    with pytest.raises(ValueError, match="was not measured"):
+        advisor_check.verdict({"bsp": 30.0}, "rna")
+
+
+def _summary(time_to_target, samples=None, overruns=0.0):
+    return {"time_to_target_s": time_to_target, "samples_to_target": samples, "samples_per_s": 1000.0,
+            "fit_wall_s": 30.0, "final_test_accuracy": 0.93, "overrun_fraction": overruns}
+
+
+def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_block(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail(f"launched {a[0]}"))
+    monkeypatch.setattr(launch, "mnist_dir", lambda: None)
+    out = tmp_path / "c"
+    probe = out / "probes" / "np2" / "bsp"
+    os.makedirs(probe)
+    with open(probe / "rank0.jsonl", "w") as f:  # two epochs of 20 steps, 45 ms apart: 5 ms beyond the device
+        for k in range(40):
+            f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + 0.045 * k, "emulated_ms": 40.0}) + "\n")
+    (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0}))
+    # homogeneous: BSP best; random: FedAvg (the advisor's choice there) 2x sooner than BSP
+    times = {("homogeneous", "bsp"): (10.0, 11.0, 12.0), ("homogeneous", "fedavg"): (10.5, None, 12.5),
+             ("random", "bsp"): (40.0, 42.0, 44.0), ("random", "fedavg"): (20.0, 21.0, 30.0)}
+    for (scen, proto), ts in times.items():
+        for seed, t in zip((1, 2, 3), ts):
+            run = out / "runs" / "np2" / scen / proto / f"seed{seed}"
+            os.makedirs(run)
+            (run / "summary.json").write_text(json.dumps(_summary(t, None if t is None else int(t * 100),
+                                                                  0.02 if proto == "fedavg" else 0.0)))
+    docs = tmp_path / "docs"
+    os.makedirs(docs)
+    (docs / "simulator.md").write_text(f"# page\n\n{advisor_check.BEGIN}\nold\n{advisor_check.END}\n")
+    rc = advisor_check.main(["--out", str(out), "--np", "2", "--scenarios", "homogeneous,random",
+                             "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs)])
+    assert rc == 0
+    doc = json.loads((docs / "simulator" / "advisor_check.json").read_text())
+    by = {s["scenario"]: s for s in doc["scenarios"]}
+    assert by["homogeneous"]["medians"] == {"bsp": 11.0, "fedavg": 12.5}
+    assert by["homogeneous"]["samples"]["fedavg"] == 1250
+    assert by["random"]["medians"] == {"bsp": 42.0, "fedavg": 21.0}
+    assert by["random"]["choice"] == "fedavg" and by["random"]["verdict"]["ok"]
+    assert by["random"]["overrun_max"] == 0.02 and len(doc["runs"]) == 12
+    assert by["homogeneous"]["choice"] == "bsp" and by["homogeneous"]["verdict"]["ok"]
+    page = (docs / "simulator.md").read_text()
+    assert "old" not in page and "in 2 of 2 scenarios (100%)" in page and "2.0% (!)" in page
+    assert "| 3 of 6 " in page and "| 2.1k " in page  # FedAvg's runs over 1% overruns; its median samples
+    assert "--out" not in doc["command"]
+    # the medians as benchmark rows: the advisor's statistical efficiencies can be rebuilt from them
+    from hetsync.sim import target
+
+    table = target.estimate_from_results([str(docs / "simulator" / "advisor_check.json")])
+    cells = {c["cell"]: c for c in table["fedavg"]["cells"]}
+    assert cells["np2:digits/device:40"] == {"cell": "np2:digits/device:40", "se": round(1100 / 1250, 3),
+                                             "how": "samples"}
+    assert cells["np2:digits/device:40+random:6"]["se"] == round(4200 / 2100, 3)
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    for argv, message in ((["--np", "1"], "at least 2 ranks"), (["--scenarios", "nowhere"], "unknown scenario"),
+                          (["--protocols", "ssp"], "not checked"), (["--protocols", "rna,hop"], "must include bsp"),
+                          (["--target", "1.5"], "(0, 1]"), (["--seeds", "1", "1"], "a seed twice"),
+                          (["--epochs", "0"], ">= 1")):
+        with pytest.raises(SystemExit):
+            advisor_check.main(["--out", str(tmp_path), *argv])
+        assert message in capsys.readouterr().err
