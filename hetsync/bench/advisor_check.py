@@ -283,14 +283,7 @@ def main(argv=None):
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
     args = p.parse_args(argv)
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
-    for s in scenarios:
-        if s not in _validate.SCENARIOS:
-            p.error(f"unknown scenario {s!r}; known: {', '.join(_validate.SCENARIOS)}")
-    for proto in protocols:
-        if proto not in _validate.PROTOCOLS:
-            p.error(f"protocol {proto!r} is not checked; choose from {', '.join(_validate.PROTOCOLS)}")
+    scenarios, protocols = _validate.parse_selection(p, args.scenarios, args.protocols, verb="checked")
     if "bsp" not in protocols:
         p.error(f"--protocols must include bsp (the BSP rule needs it), got {args.protocols!r}")
     if args.np < 2:
@@ -354,20 +347,14 @@ def main(argv=None):
     print(text)
     print(summary)
     if args.update_docs:
-        os.makedirs(os.path.join(args.docs_dir, "simulator"), exist_ok=True)
-        with open(os.path.join(args.docs_dir, "simulator", "advisor_check.json"), "w") as f:
-            json.dump(_finite(doc), f, indent=1)
-        page = os.path.join(args.docs_dir, "simulator.md")
-        with open(page) as f:
-            old = f.read()
         body = (f"Measured {doc['date_utc']} UTC with `{doc['command']}` ({args.np} ranks, {doc['dataset']}, "
                 f"{args.epochs} epochs, learning rate {args.lr:g}, target {args.target:g}, seeds "
                 f"{', '.join(map(str, args.seeds))}; advisor "
                 f"`--host-ms {host_ms:.1f}` from the BSP probe): {summary}.\n\n"
                 "Median time to target in seconds over the seeds; `*` the advisor's choice, `<` the measured best.\n\n"
                 + text)
-        with open(page, "w") as f:
-            f.write(docpages.replace_block(old, BEGIN, END, body, "### Does the advisor choose well?"))
+        _validate.write_docs(args.docs_dir, "advisor_check.json", _finite(doc), BEGIN, END, body,
+                             "### Does the advisor choose well?")
     return 1 if failed else 0
 
 

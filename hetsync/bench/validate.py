@@ -43,7 +43,7 @@ from hetsync.bench.efficiency import read_jsonl
 __all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
            "run_one",
            "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
-           "TRAIN_SAMPLES"]
+           "TRAIN_SAMPLES", "parse_selection", "write_docs"]
 
 #: the validation scenarios, each a function of the world size n giving a slowdown spec, and which protocol
 #: the scenario is expected to favour.
@@ -309,6 +309,53 @@ def table(rows):
     return text, summary
 
 
+def parse_selection(parser, scenarios, protocols, verb="validated"):
+    """The ``--scenarios`` and ``--protocols`` values (comma-separated str) as lists, or an argparse error.
+
+    Args:
+        parser: ``argparse.ArgumentParser`` (its ``error`` ends the command). scenarios, protocols: str.
+        verb: str, how the message names the protocols this command accepts (``"validated"``).
+
+    Returns:
+        (list of str scenarios of :data:`SCENARIOS`, list of str protocols of :data:`PROTOCOLS`).
+
+    Raises:
+        SystemExit: an unknown scenario or protocol (through ``parser.error``, naming it and the known ones).
+    """
+    scen = [s.strip() for s in scenarios.split(",") if s.strip()]
+    protos = [s.strip() for s in protocols.split(",") if s.strip()]
+    for s in scen:
+        if s not in SCENARIOS:
+            parser.error(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
+    for proto in protos:
+        if proto not in PROTOCOLS:
+            parser.error(f"protocol {proto!r} is not {verb}; choose from {', '.join(PROTOCOLS)}")
+    return scen, protos
+
+
+def write_docs(docs_dir, name, doc, begin, end, body, heading):
+    """Write ``doc`` to ``DOCS_DIR/simulator/NAME`` and ``body`` between ``begin`` and ``end`` of
+    ``DOCS_DIR/simulator.md`` (:func:`hetsync.bench.docpages.replace_block`; under ``heading`` when the page has
+    no markers).
+
+    Args:
+        docs_dir: str folder. name: str JSON file name. doc: JSON-serialisable dict. begin, end, body, heading: str.
+
+    Raises:
+        OSError: the page is missing or not writable. ValueError: only one of the markers is on the page.
+    """
+    from hetsync.bench import docpages
+
+    os.makedirs(os.path.join(docs_dir, "simulator"), exist_ok=True)
+    with open(os.path.join(docs_dir, "simulator", name), "w") as f:
+        json.dump(doc, f, indent=1)
+    page = os.path.join(docs_dir, "simulator.md")
+    with open(page) as f:
+        old = f.read()
+    with open(page, "w") as f:
+        f.write(docpages.replace_block(old, begin, end, body, heading))
+
+
 def main(argv=None):
     """``python -m hetsync.bench.validate``: run (or resume) the validation and print its table.
 
@@ -337,14 +384,7 @@ def main(argv=None):
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
     args = p.parse_args(argv)
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    protocols = [s.strip() for s in args.protocols.split(",") if s.strip()]
-    for s in scenarios:
-        if s not in SCENARIOS:
-            p.error(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
-    for proto in protocols:
-        if proto not in PROTOCOLS:
-            p.error(f"protocol {proto!r} is not validated; choose from {', '.join(PROTOCOLS)}")
+    scenarios, protocols = parse_selection(p, args.scenarios, args.protocols)
     if any(n < 2 for n in args.np):
         p.error(f"--np needs world sizes >= 2, got {args.np}")
     try:
@@ -442,15 +482,8 @@ def main(argv=None):
     print(text)
     print(summary)
     if args.update_docs:
-        os.makedirs(os.path.join(args.docs_dir, "simulator"), exist_ok=True)
-        with open(os.path.join(args.docs_dir, "simulator", "validation.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-        page = os.path.join(args.docs_dir, "simulator.md")
-        with open(page) as f:
-            old = f.read()
-        body = f"Measured {doc['date_utc']} UTC with `{doc['command']}`; {summary}.\n\n{text}"
-        with open(page, "w") as f:
-            f.write(docpages.replace_block(old, BEGIN, END, body, "## Validation"))
+        write_docs(args.docs_dir, "validation.json", doc, BEGIN, END,
+                   f"Measured {doc['date_utc']} UTC with `{doc['command']}`; {summary}.\n\n{text}", "## Validation")
     return 1 if failed else 0
 
 
