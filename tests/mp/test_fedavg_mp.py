@@ -14,6 +14,8 @@ def test_fedavg_c1_equals_per_epoch_model_averaging_and_subset_rounds(tmp_path):
     assert r["moved"] > 1e-2
     # C = 1, one aggregation per epoch == train an epoch locally, then average the models by hand
     assert r["diff_vs_reference"] < 1e-6
+    # DiLoCo's outer Nesterov step: the numpy reference, every rank the same model, not plain averaging's model
+    assert r["diff_outer_vs_reference"] < 1e-5 and r["outer_spread"] == 0.0 and r["outer_vs_plain"] > 1e-3
     fed = r["fed"]
     assert len(fed) == epochs * spe
     assert [s for s, _ in fed] == ([0.0] * (spe - 1) + [1.0]) * epochs  # sync at each epoch's last step

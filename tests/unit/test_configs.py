@@ -46,7 +46,8 @@ def test_wrapper_signature_is_the_config_dataclass(name):
 
 def test_arguments_bind_like_a_function_and_configs_are_frozen():
     opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1), 4, False)  # positional, as the signature says
-    assert opt.hetsync_protocol.config() == {"period": 4, "average_at_end": False, "data_plan": "pool"}
+    assert opt.hetsync_protocol.config() == {"period": 4, "average_at_end": False, "data_plan": "pool",
+                                             "outer_lr": 1.0, "outer_momentum": 0.0, "outer_nesterov": True}
     with pytest.raises(TypeError, match="unexpected keyword argument 'perod'"):
         hetsync.LocalSGD(keras.optimizers.SGD(0.1), perod=4)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -17,7 +17,7 @@ CONFIGS = {
     "rna": {"probes": 1, "max_staleness": 2, "average_every": 3, "drift_every": 0, "timeout_s": 30.0, "seed": 5},
     "selsync": {"delta": 0.2, "aggregation": "gradient", "ewma_window": 7, "smoothing": 0.5, "data_order": "defdp"},
     "fedavg": {"fraction": 1.0, "syncs_per_epoch": 2.0, "seed": 3, "average_at_end": True},
-    "localsgd": {"period": 3, "average_at_end": False},
+    "localsgd": {"period": 3, "average_at_end": False, "outer_lr": 0.7, "outer_momentum": 0.9},
     "taskalloc": {"mode": "adaptive", "weights": [4], "threshold": 0.1, "patience": 3, "micro_batch": 8},
     "hop": {"graph": "complete", "staleness": 2, "max_ig": 3, "skip": 2, "skip_trigger": 1, "average_at_end": False,
             "timeout_s": 30.0},
@@ -126,7 +126,9 @@ def test_plain_keras_load_model_also_rewraps_once_hetsync_is_imported(tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert type(loaded.optimizer).__name__ == "LocalSGD_SGD"
-    assert loaded.optimizer.hetsync_protocol.config() == {"period": 5, "average_at_end": True, "data_plan": "pool"}
+    assert loaded.optimizer.hetsync_protocol.config() == {"period": 5, "average_at_end": True, "data_plan": "pool",
+                                                          "outer_lr": 1.0, "outer_momentum": 0.0,
+                                                          "outer_nesterov": True}
 
 
 def test_a_saved_unknown_protocol_is_refused_clearly():

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hetsync import world
 from hetsync.core.config import ProtocolConfig, param
-from hetsync.protocols.local.periodic import PeriodicAveragingProtocol
+from hetsync.protocols.local.periodic import PeriodicAveragingProtocol, outer_param
 from hetsync.core.wrapper import protocol_wrapper
 
 __all__ = ["FedAvg", "FedAvgProtocol", "FedAvgConfig"]
@@ -43,6 +43,9 @@ class FedAvgConfig(ProtocolConfig):
                 "epoch is a pool of the N samples served by rank 0, faster ranks draw more batches, every sample "
                 "once per epoch; the aggregations are scheduled by the pool's global progress, "
                 ":mod:`hetsync.protocols.local.periodic`) or ``\"shard\"`` (a fixed equal share per rank).")
+    outer_lr: float = outer_param("lr")
+    outer_momentum: float = outer_param("momentum")
+    outer_nesterov: bool = outer_param("nesterov")
 
 
 class FedAvgProtocol(PeriodicAveragingProtocol):
@@ -127,10 +130,11 @@ FedAvg = protocol_wrapper(FedAvgProtocol, """Wrap a Keras 3 optimizer for FedAvg
     Every rank trains locally; ``syncs_per_epoch`` (= 1/E in the paper's notation; E = 0.25 is 4
     aggregations per epoch) times per epoch, at uniform intervals (after the steps where
     floor(step * s / S) increases, S = steps per epoch), ``round(C N)`` ranks (at least 1) drawn
-    identically on every rank average their parameters and every rank adopts the average.
-    Optimizer slots stay local. Statistics: ``sync``, ``sync_steps``, ``local_steps``, ``lssr``,
-    ``bytes_sent`` (every rank joins the masked allreduce, so every rank sends the payload),
-    ``participants``.
+    identically on every rank average their parameters and every rank adopts the average (or, with
+    ``outer_lr`` or ``outer_momentum`` set, the outer optimizer's step from it: DiLoCo,
+    :mod:`hetsync.protocols.local.periodic`). Optimizer slots stay local. Statistics: ``sync``,
+    ``sync_steps``, ``local_steps``, ``lssr``, ``bytes_sent`` (every rank joins the masked allreduce,
+    so every rank sends the payload), ``participants``.
 
     Args:
         optimizer: a Keras 3 optimizer instance.

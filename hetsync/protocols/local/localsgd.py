@@ -10,7 +10,7 @@ import typing
 import tensorflow as tf
 
 from hetsync.core.config import ProtocolConfig, param
-from hetsync.protocols.local.periodic import PeriodicAveragingProtocol
+from hetsync.protocols.local.periodic import PeriodicAveragingProtocol, outer_param
 from hetsync.core.wrapper import protocol_wrapper
 
 __all__ = ["LocalSGD", "LocalSGDProtocol", "LocalSGDConfig"]
@@ -34,6 +34,9 @@ class LocalSGDConfig(ProtocolConfig):
                 "once per epoch; the epoch's floor(B / (H n)) averaging rounds (B = N // b batches, n ranks) are "
                 "scheduled by the pool's global progress, :mod:`hetsync.protocols.local.periodic`) or ``\"shard\"`` (a "
                 "fixed equal share per rank, an average after every H-th local step).")
+    outer_lr: float = outer_param("lr")
+    outer_momentum: float = outer_param("momentum")
+    outer_nesterov: bool = outer_param("nesterov")
 
 
 class LocalSGDProtocol(PeriodicAveragingProtocol):
@@ -57,7 +60,9 @@ LocalSGD = protocol_wrapper(LocalSGDProtocol, """Wrap a Keras 3 optimizer for lo
 
     Each step every rank applies its own gradients; after steps H, 2H, 3H, ... (counted from 1)
     the parameters are averaged over all N ranks, w <- (1/N) sum_n w_n, in one fused allreduce,
-    so the ranks are identical right after. Optimizer slots (momentum) stay local. Statistics:
+    so the ranks are identical right after. With ``outer_lr`` or ``outer_momentum`` set, each average
+    is followed by the outer optimizer's step (DiLoCo, :mod:`hetsync.protocols.local.periodic`).
+    Optimizer slots (momentum) stay local. Statistics:
     ``sync``, ``sync_steps``, ``local_steps``, ``lssr`` (= 1 - 1/H), ``bytes_sent``, and with
     ``average_at_end`` the drift before the final average (``drift_before_final_average``).
 
