@@ -34,7 +34,13 @@ def parser():
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch size (samples; default 32)")
     p.add_argument("--step-ms", type=float, default=None, help="base step (ms) when the scenario has no device:MS")
     p.add_argument("--model-mb", type=float, default=None, help="gradient size in MB (default: the example MLP, 0.41)")
-    p.add_argument("--host-ms", type=float, default=0.0, help="host work per step outside the device time (ms)")
+    p.add_argument("--host-ms", type=float, default=0.0, help="BSP's host work per step outside the device time "
+                   "(ms; each protocol is simulated with its measured share of it)")
+    p.add_argument("--samples-per-epoch", type=int, default=None, help="training samples per epoch (default: each "
+                   "model's, MNIST's 60000)")
+    p.add_argument("--epochs-to-target", type=float, default=None, help="epochs BSP needs to reach the target: "
+                   "judge task allocation, which adapts after its first epoch, over that horizon (default: the "
+                   "steady state)")
     p.add_argument("--servers", type=int, default=1, help="server ranks of the parameter-server protocols")
     p.add_argument("--protocols", default=None, help="comma-separated protocols to rank (default: those without servers)")
     p.add_argument("--steps", type=int, default=400, help="simulated steps per rank")
@@ -101,7 +107,8 @@ def main(argv=None):
         try:
             inputs = _predict.inputs_from_args(args.scenario, args.np, args.hosts, args.link, args.host_link,
                                                args.latency_ms, args.batch_size, args.step_ms, args.model_mb,
-                                               args.host_ms, args.servers, args.steps, args.seed)
+                                               args.host_ms, args.servers, args.steps, args.seed,
+                                               args.samples_per_epoch, args.epochs_to_target)
         except ValueError as exc:
             p.error(str(exc))
         rows = _predict.predict(inputs, protocols)

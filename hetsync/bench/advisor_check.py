@@ -13,9 +13,10 @@ every run that did. The *measured best* is the protocol with the smallest median
 
 The advisor's *first choice* is what ``python -m hetsync.advise --predict --scenario SPEC --np N --host-ms H
 --protocols ...`` recommends (:func:`hetsync.advise.predict.predict`, its 5% tie band included), among the same
-protocols, where H, the host's work per step outside the device time, is calibrated from a separate BSP probe
-run (2 epochs of ``device:40`` under another seed; :func:`hetsync.bench.validate.calibrate_host_ms`): the
-prediction never sees the runs it is checked against. The check (:func:`verdict`) passes a scenario when the
+protocols, ``--samples-per-epoch`` the training set's size and ``--epochs-to-target`` E. H, BSP's host work per
+step outside the device time (:func:`hetsync.bench.validate.calibrate_host_ms`), and E, BSP's samples to target
+over the training set's size, come from a separate BSP probe run (the check's epochs and evaluation on
+``device:40`` under another seed): the prediction never sees the runs it is checked against. The check (:func:`verdict`) passes a scenario when the
 choice's median time to target is within :data:`WITHIN` (10%) of the best's, and fails it outright when the
 choice is BSP and another protocol reached the target :data:`BSP_RULE` (1.5) times sooner.
 
@@ -23,7 +24,10 @@ Runs keep their folders; a rerun with the same ``--out`` skips the runs whose ``
 (resumable); ``--time-cap-min`` stops starting new runs after that many minutes. ``advisor_check.json`` holds
 every run and verdict, and the medians as benchmark result rows (:func:`benchmark_rows`: ``python -m
 hetsync.sim.target`` rebuilds the advisor's statistical efficiencies from such a document); ``--update-docs``
-writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``.
+writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``. With
+``--calibration`` the run is the advisor's calibration on other seeds (``--seeds 4 5 6``): ``--update-docs`` then
+writes ``docs/simulator/advisor_calibration.json``, from which ``python -m hetsync.sim.target`` rebuilds the
+statistical efficiencies, and its own table.
 """
 import argparse
 import json
@@ -38,7 +42,8 @@ from tabulate import tabulate
 from hetsync.bench import launch
 from hetsync.bench import validate as _validate
 
-__all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "median_time", "verdict", "advisor_choice", "table", "benchmark_rows",
+__all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "CAL_BEGIN", "CAL_END", "median_time", "verdict", "advisor_choice",
+           "table", "benchmark_rows",
            "main"]
 
 #: the first choice passes when its median time to target is at most (1 + WITHIN) times the best's.
@@ -47,6 +52,8 @@ WITHIN = 0.10
 BSP_RULE = 1.5
 #: the generated table's markers in the documentation page.
 BEGIN, END = "<!-- BEGIN generated: advisor check -->", "<!-- END generated: advisor check -->"
+#: the markers of the calibration runs' table (``--calibration``).
+CAL_BEGIN, CAL_END = "<!-- BEGIN generated: advisor calibration -->", "<!-- END generated: advisor calibration -->"
 
 
 def median_time(times):
@@ -97,12 +104,14 @@ def verdict(medians, choice, within=WITHIN, bsp_rule=BSP_RULE):
             "ok": bool(reached and ratio <= 1.0 + within and not broken), "reached": reached}
 
 
-def advisor_choice(spec, n, host_ms, protocols):
+def advisor_choice(spec, n, host_ms, protocols, samples_per_epoch=None, epochs_to_target=None):
     """The advisor's ranking for a scenario, as ``python -m hetsync.advise --predict`` makes it.
 
     Args:
-        spec: str slowdown spec. n: int ranks. host_ms: float milliseconds of host work per step.
+        spec: str slowdown spec. n: int ranks. host_ms: float milliseconds of BSP's host work per step.
         protocols: sequence of protocol names to rank (BSP is always among them).
+        samples_per_epoch: int or None, the training set's samples. epochs_to_target: float or None, BSP's
+            epochs to the target (``--samples-per-epoch`` and ``--epochs-to-target``).
 
     Returns:
         list of :func:`hetsync.advise.predict.predict` rows, the first choice first.
@@ -112,7 +121,8 @@ def advisor_choice(spec, n, host_ms, protocols):
     """
     from hetsync.advise import predict as _predict
 
-    inputs = _predict.inputs_from_args(spec, n, host_ms=host_ms)
+    inputs = _predict.inputs_from_args(spec, n, host_ms=host_ms, samples_per_epoch=samples_per_epoch,
+                                       epochs_to_target=epochs_to_target)
     return _predict.predict(inputs, tuple(protocols))
 
 
@@ -191,30 +201,34 @@ def benchmark_rows(scenarios, n, dataset):
             ``samples_per_s``: protocol -> median samples/s). n: int ranks. dataset: str, ``"mnist"`` or ``"digits"``.
 
     Returns:
-        list of dicts: ``cell`` (``npN:DATASET/SPEC``), ``protocol``, ``samples_to_target``, ``time_to_target_s``
+        list of dicts: ``cell`` (``npN:DATASET/SPEC[check]``: the tag keeps the cell apart from a benchmark cell
+        of the same scenario, whose runs are other runs), ``protocol``, ``samples_to_target``, ``time_to_target_s``
         (medians; None where the median run missed the target), ``samples_per_s`` (median).
     """
     rows = []
     for s in scenarios:
         for p in s["protocols"]:
             t, k = s["medians"][p], s["samples"].get(p)
-            rows.append({"cell": f"np{n}:{dataset}/{s['spec']}", "protocol": p,
+            rows.append({"cell": f"np{n}:{dataset}/{s['spec']}[check]", "protocol": p,
                          "samples_to_target": k if k is not None and math.isfinite(k) else None,
                          "time_to_target_s": t if math.isfinite(t) else None,
                          "samples_per_s": s.get("samples_per_s", {}).get(p)})
     return rows
 
 
-def _probe_host_ms(out, n, seed, digits):
-    pdir = os.path.join(out, "probes", f"np{n}", "bsp")
-    _validate.run_one(pdir, n, "device:40", "bsp", seed, 2, digits)
+def _probe(out, n, seed, digits, epochs, samples_per_epoch, **flags):
+    """BSP on ``device:40`` under ``seed``: its host time per step (the advisor's ``--host-ms``) and its epochs to
+    the target (``--epochs-to-target``; None when it missed the target)."""
+    pdir = os.path.join(out, "probes", f"np{n}", "bsp-target")
+    summ = _validate.run_one(pdir, n, "device:40", "bsp", seed, epochs, digits, **flags)
     over = _validate.probe_overheads(pdir)
     if over is None:
         raise RuntimeError(f"the BSP probe in {pdir} left no step records")
-    return _validate.calibrate_host_ms("bsp", n, over), over
+    k = summ.get("samples_to_target")
+    return _validate.calibrate_host_ms("bsp", n, over), over, (k / samples_per_epoch if k else None)
 
 
-def _scenario_result(out, n, sname, protocols, seeds, host_ms):
+def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None):
     spec = _validate.scenario_spec(sname, n)
     runs, medians, samples, rates, overrun, over_runs = [], {}, {}, {}, 0.0, 0
     for proto in protocols:
@@ -242,7 +256,7 @@ def _scenario_result(out, n, sname, protocols, seeds, host_ms):
             rates[proto] = statistics.median(x for x in speeds if x) if any(speeds) else None
     if set(medians) != set(protocols):
         return None, runs
-    rows = advisor_choice(spec, n, host_ms, protocols)
+    rows = advisor_choice(spec, n, host_ms, protocols, samples_per_epoch, epochs_to_target)
     choice = rows[0]["protocol"]
     return {"scenario": sname, "spec": spec, "protocols": list(protocols), "medians": medians, "samples": samples,
             "samples_per_s": rates, "choice": choice, "predicted": rows[0]["time_to_target_vs_bsp"],
@@ -282,6 +296,9 @@ def main(argv=None):
     p.add_argument("--update-docs", action="store_true", help="write docs/simulator/advisor_check.json and the table "
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
+    p.add_argument("--calibration", action="store_true", help="these seeds calibrate the advisor (its statistical "
+                   "efficiencies are rebuilt from their samples to target): --update-docs writes "
+                   "docs/simulator/advisor_calibration.json and the calibration table instead of the check's")
     args = p.parse_args(argv)
     scenarios, protocols = _validate.parse_selection(p, args.scenarios, args.protocols, verb="checked")
     if "bsp" not in protocols:
@@ -299,9 +316,13 @@ def main(argv=None):
 
     t0 = time.monotonic()
     failed = 0
-    host_ms, over = _probe_host_ms(args.out, args.np, max(args.seeds) + 100, args.digits)
-    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time; advisor --host-ms {host_ms:.1f}",
-          flush=True)
+    mnist = launch.mnist_dir() is not None and not args.digits
+    per_epoch = _validate.TRAIN_SAMPLES["mnist" if mnist else "digits"]
+    host_ms, over, to_target = _probe(args.out, args.np, max(args.seeds) + 100, args.digits, args.epochs, per_epoch,
+                                      eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
+    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time; advisor --host-ms {host_ms:.1f}"
+          f", --samples-per-epoch {per_epoch}, --epochs-to-target "
+          f"{'none (the probe missed the target)' if to_target is None else f'{to_target:.2f}'}", flush=True)
     results, all_runs = [], []
     for sname in scenarios:
         spec = _validate.scenario_spec(sname, args.np)
@@ -323,7 +344,7 @@ def main(argv=None):
                     print(f"{sname:15s} seed {seed} {proto:10s} time to target "
                           f"{'not reached' if t is None else f'{t:.1f} s'}, {summ['samples_per_s']:.0f} samples/s, "
                           f"overruns {summ.get('overrun_fraction', 0) * 100:.1f}%", flush=True)
-        res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms)
+        res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms, per_epoch, to_target)
         all_runs += [{"scenario": sname, **r} for r in runs]
         if res is None:
             print(f"{sname}: not every run is there (time cap or failure); left out of the verdict", file=sys.stderr)
@@ -335,11 +356,11 @@ def main(argv=None):
     from hetsync.bench import docpages
 
     given = " ".join(sys.argv[1:] if argv is None else argv)
-    mnist = launch.mnist_dir() is not None and not args.digits
     doc = {"command": docpages.without_out("python -m hetsync.bench.advisor_check " + given),
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "seeds": args.seeds,
            "epochs": args.epochs, "target": args.target, "lr": args.lr, "dataset": "mnist" if mnist else "digits",
-           "host_ms": host_ms, "scenarios": results, "runs": all_runs, "summary": summary,
+           "host_ms": host_ms, "samples_per_epoch": per_epoch, "epochs_to_target": to_target, "scenarios": results,
+           "runs": all_runs, "summary": summary,
            "rows": benchmark_rows(results, args.np, "mnist" if mnist else "digits")}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "advisor_check.json"), "w") as f:
@@ -350,11 +371,19 @@ def main(argv=None):
         body = (f"Measured {doc['date_utc']} UTC with `{doc['command']}` ({args.np} ranks, {doc['dataset']}, "
                 f"{args.epochs} epochs, learning rate {args.lr:g}, target {args.target:g}, seeds "
                 f"{', '.join(map(str, args.seeds))}; advisor "
-                f"`--host-ms {host_ms:.1f}` from the BSP probe): {summary}.\n\n"
+                f"`--host-ms {host_ms:.1f} --samples-per-epoch {per_epoch}"
+                + ("" if to_target is None else f" --epochs-to-target {to_target:.2f}")
+                + f"` from the BSP probe): {summary}.\n\n"
                 "Median time to target in seconds over the seeds; `*` the advisor's choice, `<` the measured best.\n\n"
                 + text)
-        _validate.write_docs(args.docs_dir, "advisor_check.json", _finite(doc), BEGIN, END, body,
-                             "### Does the advisor choose well?")
+        if args.calibration:
+            _validate.write_docs(args.docs_dir, "advisor_calibration.json", _finite(doc), CAL_BEGIN, CAL_END,
+                                 "The calibration runs (their samples to target give the advisor's statistical "
+                                 "efficiencies; the check reports other seeds). " + body,
+                                 "### The runs that calibrate the advisor")
+        else:
+            _validate.write_docs(args.docs_dir, "advisor_check.json", _finite(doc), BEGIN, END, body,
+                                 "### Does the advisor choose well?")
     return 1 if failed else 0
 
 

@@ -61,6 +61,8 @@ def test_predict_chooses_task_allocation_or_a_non_waiting_protocol_on_a_speed_mi
     (["--predict", "--scenario", "device:40", "--np", "4", "--hosts", "2x3"], "hold 6 ranks but np is 4"),
     (["--predict", "--scenario", "device:40", "--np", "4", "--link", "fast"], "does not parse"),
     (["--probe-s", "90"], "--probe-s must be in (0, 60]"),
+    (["--predict", "--scenario", "device:40", "--np", "4", "--samples-per-epoch", "0"], "--samples-per-epoch must"),
+    (["--predict", "--scenario", "device:40", "--np", "4", "--epochs-to-target", "-1"], "--epochs-to-target must"),
 ])
 def test_bad_input_is_refused_with_the_value(args, message):
     p = _advise(*args)
@@ -84,3 +86,51 @@ def test_a_model_name_that_does_not_resolve_is_a_probe_error():
                           ("badformat", "give MODULE:FUNCTION"), ("json:nosuchfn", "has no callable 'nosuchfn'")):
         with pytest.raises(probe.ProbeError, match=message):
             probe.load_model_factory(spec)
+
+
+def test_host_shares_are_the_validation_probes_and_the_nearest_world_size_is_used():
+    assert predict.host_shares_from_validation(os.path.join(ROOT, "docs", "simulator", "validation.json")) == \
+        predict.HOST_SHARE
+    table = {"localsgd": [{"np": 4, "share": 0.5}, {"np": 8, "share": 0.7}]}
+    assert predict.host_share("localsgd", 4, table) == 0.5
+    assert predict.host_share("localsgd", 6, table) == 0.5  # a tie: the smaller world size
+    assert predict.host_share("localsgd", 64, table) == 0.7
+    assert predict.host_share("bsp", 4, table) == 1.0 and predict.host_share("hop", 4, table) == 1.0
+
+
+def test_each_protocol_is_simulated_with_its_share_of_bsps_host_time():
+    from hetsync.sim import registry
+
+    inputs = predict.inputs_from_args("device:40+random:6", 4, host_ms=20.0)
+    shares = {"localsgd": [{"np": 4, "share": 0.25}]}
+    rows = {r["protocol"]: r for r in predict.predict(inputs, ("bsp", "localsgd"), host_shares=shares)}
+    work = inputs.work
+    for proto, host in (("bsp", 20.0), ("localsgd", 5.0)):
+        direct = registry.simulate(proto, inputs.times, inputs.net, type(work)(work.model_bytes, work.batch_size, host))
+        assert rows[proto]["samples_per_s"] == pytest.approx(direct.samples_per_s, rel=1e-12)
+    same = {r["protocol"]: r for r in predict.predict(inputs, ("bsp", "localsgd"), host_shares={})}
+    assert same["bsp"]["samples_per_s"] == pytest.approx(rows["bsp"]["samples_per_s"], rel=1e-12)
+    assert same["localsgd"]["samples_per_s"] < rows["localsgd"]["samples_per_s"]
+
+
+def test_the_horizon_rate_in_closed_form():
+    # 8,000 samples at 1,000/s then 8,000 at 2,000/s: 16,000 samples in 12 s
+    assert predict.horizon_rate(2000.0, 1000.0, 8000, 16000) == pytest.approx(16000 / 12)
+    assert predict.horizon_rate(2000.0, 1000.0, 8000, 4000) == pytest.approx(1000.0)  # within the first epoch
+    with pytest.raises(ValueError, match="samples=0"):
+        predict.horizon_rate(2000.0, 1000.0, 8000, 0)
+
+
+def test_task_allocation_is_judged_over_the_samples_to_target_when_a_horizon_is_given():
+    from hetsync.sim import target
+
+    steady = predict.inputs_from_args("device:40+speeds:1,1,1,0.25", 4, samples_per_epoch=8000)
+    short = predict.inputs_from_args("device:40+speeds:1,1,1,0.25", 4, samples_per_epoch=8000, epochs_to_target=1.5)
+    a = {r["protocol"]: r for r in predict.predict(steady, ("bsp", "taskalloc"))}
+    b = {r["protocol"]: r for r in predict.predict(short, ("bsp", "taskalloc"))}
+    first = a["taskalloc"]["extra"]["first_epoch_samples_per_s"]
+    assert first < a["taskalloc"]["samples_per_s"]  # the first epoch runs on equal workloads
+    need = 1.5 * 8000 / target.lookup("taskalloc")[0]
+    assert b["taskalloc"]["samples_per_s"] == pytest.approx(
+        predict.horizon_rate(a["taskalloc"]["samples_per_s"], first, 8000, need), rel=1e-12)
+    assert b["bsp"]["samples_per_s"] == pytest.approx(a["bsp"]["samples_per_s"], rel=1e-12)

@@ -50,13 +50,20 @@ def _summary(time_to_target, samples=None, overruns=0.0):
 def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_block(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail(f"launched {a[0]}"))
     monkeypatch.setattr(launch, "mnist_dir", lambda: None)
+    from hetsync.advise import predict
+    from hetsync.sim import target
+
+    # the advisor's recorded inputs pinned, so the choices below follow from this test's figures alone
+    monkeypatch.setattr(target, "TABLE", {"fedavg": {"se": 0.99, "cells": []}})
+    monkeypatch.setattr(predict, "HOST_SHARE", {})
     out = tmp_path / "c"
-    probe = out / "probes" / "np2" / "bsp"
+    probe = out / "probes" / "np2" / "bsp-target"
     os.makedirs(probe)
     with open(probe / "rank0.jsonl", "w") as f:  # two epochs of 20 steps, 45 ms apart: 5 ms beyond the device
         for k in range(40):
             f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + 0.045 * k, "emulated_ms": 40.0}) + "\n")
-    (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0}))
+    # BSP reached the target after 2,874 samples: 2 epochs of the digits set's 1,437
+    (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0, "samples_to_target": 2874}))
     # homogeneous: BSP best; random: FedAvg (the advisor's choice there) 2x sooner than BSP
     times = {("homogeneous", "bsp"): (10.0, 11.0, 12.0), ("homogeneous", "fedavg"): (10.5, None, 12.5),
              ("random", "bsp"): (40.0, 42.0, 44.0), ("random", "fedavg"): (20.0, 21.0, 30.0)}
@@ -74,6 +81,7 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
     assert rc == 0
     doc = json.loads((docs / "simulator" / "advisor_check.json").read_text())
     by = {s["scenario"]: s for s in doc["scenarios"]}
+    assert (doc["samples_per_epoch"], doc["epochs_to_target"]) == (1437, 2.0)
     assert by["homogeneous"]["medians"] == {"bsp": 11.0, "fedavg": 12.5}
     assert by["homogeneous"]["samples"]["fedavg"] == 1250
     assert by["random"]["medians"] == {"bsp": 42.0, "fedavg": 21.0}
@@ -81,17 +89,16 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
     assert by["random"]["overrun_max"] == 0.02 and len(doc["runs"]) == 12
     assert by["homogeneous"]["choice"] == "bsp" and by["homogeneous"]["verdict"]["ok"]
     page = (docs / "simulator.md").read_text()
+    assert "--samples-per-epoch 1437 --epochs-to-target 2.00" in page
     assert "old" not in page and "in 2 of 2 scenarios (100%)" in page and "2.0% (!)" in page
     assert "| 3 of 6 " in page and "| 2.1k " in page  # FedAvg's runs over 1% overruns; its median samples
     assert "--out" not in doc["command"]
     # the medians as benchmark rows: the advisor's statistical efficiencies can be rebuilt from them
-    from hetsync.sim import target
-
     table = target.estimate_from_results([str(docs / "simulator" / "advisor_check.json")])
     cells = {c["cell"]: c for c in table["fedavg"]["cells"]}
-    assert cells["np2:digits/device:40"] == {"cell": "np2:digits/device:40", "se": round(1100 / 1250, 3),
-                                             "how": "samples"}
-    assert cells["np2:digits/device:40+random:6"]["se"] == round(4200 / 2100, 3)
+    assert cells["np2:digits/device:40[check]"] == {"cell": "np2:digits/device:40[check]",
+                                                    "se": round(1100 / 1250, 3), "how": "samples"}
+    assert cells["np2:digits/device:40+random:6[check]"]["se"] == round(4200 / 2100, 3)
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):

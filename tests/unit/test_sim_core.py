@@ -1,4 +1,5 @@
 """The simulator's shared parts (network, step times, BSP, RNA, time to target): closed-form cases."""
+import json
 import math
 import subprocess
 import sys
@@ -114,13 +115,31 @@ def test_time_to_target_table_is_the_recorded_results():
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [os.path.join(root, "docs", "results", f) for f in ("full.json", "cluster.json")]
+    paths.append(os.path.join(root, "docs", "simulator", "advisor_calibration.json"))
     assert target.estimate_from_results(paths) == target.TABLE
     sp, se, src = target.speedup_vs_bsp("rna", 2000.0, 1000.0)
     assert (se, src) == (target.TABLE["rna"]["se"], "measured") and sp == pytest.approx(2 * se)
-    assert target.lookup("taskalloc") == (1.0, "measured")  # 1.13 recorded: counted at BSP's 1.0
+    assert target.lookup("taskalloc") == (target.TABLE["taskalloc"]["se"], "measured")
+    assert target.TABLE["taskalloc"]["se"] < 1  # its samples counted: below BSP's
+    assert target.lookup("taskalloc", {"taskalloc": {"se": 1.13, "cells": []}}) == (1.0, "measured")  # above 1: 1
     assert target.lookup("rnah") == (target.TABLE["rna"]["se"], "as rna")
     assert target.lookup("ssp")[1] == "assumed (lowest measured)"
     assert target.lookup("ssp")[0] == min(e["se"] for e in target.TABLE.values())
+
+
+def test_cells_that_counted_samples_set_the_efficiency_over_estimates_from_time(tmp_path):
+    rows = [  # cell a: samples counted (SE 1000 / 2000 = 0.5); cell b: only times (SE (100 x 10) / (200 x 4) = 1.25)
+        {"cell": "a", "protocol": "bsp", "samples_to_target": 1000, "samples_per_s": 100.0, "time_to_target_s": 10.0},
+        {"cell": "a", "protocol": "rna", "samples_to_target": 2000, "samples_per_s": 200.0, "time_to_target_s": 10.0},
+        {"cell": "b", "protocol": "bsp", "samples_per_s": 100.0, "time_to_target_s": 10.0},
+        {"cell": "b", "protocol": "rna", "samples_per_s": 200.0, "time_to_target_s": 4.0},
+        {"cell": "b", "protocol": "ssp", "samples_per_s": 200.0, "time_to_target_s": 4.0}]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"rows": rows}))
+    table = target.estimate_from_results([str(path)])
+    assert [c["how"] for c in table["rna"]["cells"]] == ["samples", "from time"]
+    assert table["rna"]["cells"][1]["se"] == 1.25 and table["rna"]["se"] == 0.5  # the time estimate is not counted
+    assert table["ssp"]["se"] == 1.25  # no cell counted samples: the estimates from time are all there is
 
 
 def test_every_model_runs_1024_ranks_quickly():
