@@ -181,7 +181,7 @@ def job_argv(protocol, out, protocol_args=(), extra=(), **flags):
     return argv
 
 
-def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None):
+def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None, env=None):
     """Run one launch command with :func:`job_env`; return its ``CompletedProcess``.
 
     Args:
@@ -189,6 +189,7 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None):
         cwd: str folder the launch runs in (None: this process's working directory).
         capture: bool, capture stdout and stderr as text (else they go to this process's).
         stall_shutdown_s: int seconds or None, passed to :func:`job_env`.
+        env: dict of str or None: variables set on top of :func:`job_env` (e.g. ``HETSYNC_DILATION``).
 
     Raises:
         ValueError: ``timeout_s`` not a positive number (a launch never waits without a bound).
@@ -198,8 +199,8 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None):
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     pipe = subprocess.PIPE if capture else None
-    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(stall_shutdown_s), stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**job_env(stall_shutdown_s), **(env or {})}, stdout=pipe, stderr=pipe,
+                            text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:

@@ -1,7 +1,8 @@
 """The simulator against the emulation: predicted and measured samples/s, one resumable command.
 
-``python -m hetsync.bench.validate --out runs/validate [--np 4 8] [--cluster HOSTSxSLOTS/RATE ...]
-[--scenarios A,B] [--protocols a,b] [--fit-s S] [--time-cap-min M] [--update-docs]``
+``python -m hetsync.bench.validate --out runs/validate [--np 4 8] [--dilation NP=D ...]
+[--cluster HOSTSxSLOTS/RATE[@D] ...] [--scenarios A,B] [--protocols a,b] [--fit-s S] [--time-cap-min M]
+[--update-docs]``
 
 For each rank count, scenario and protocol it launches the training job on the emulated cluster of this
 machine (``device:MS`` scenarios, one host; MNIST from the data directory, else the digits set), reads the
@@ -22,6 +23,13 @@ dilation), at hosts x slots ranks, with their own probes there; the prediction t
 of those hosts and that link (:meth:`hetsync.sim.network.Network.from_spec`). Each row names its cluster
 (``one host`` for the single-host runs).
 
+*Time dilation.* Where the machine cannot keep up (8 ranks on 2 cores overrun their emulated device time),
+``--dilation NP=D`` runs the one-host world size NP, and ``HOSTSxSLOTS/RATE@D`` the cluster, at time
+dilation D (:func:`hetsync.world.dilation`): device times, added delays and timeouts D times longer, links
+shaped to RATE / D. The probe runs at the same D. Host-side work is not dilated, so the simulator is given
+the probe's host time in the emulated cluster's time (``host_ms`` / D) and its samples/s are divided by D
+to compare with the run's wall-clock ``samples_per_s``; every row records its D.
+
 Every run keeps its folder; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
 (resumable), and ``--time-cap-min`` stops starting new runs after that many minutes. ``validation.json``
 holds every row; ``--update-docs`` writes ``docs/simulator/validation.json`` (beside the page; ``docs/results/``
@@ -39,11 +47,12 @@ from tabulate import tabulate
 
 from hetsync.bench import launch
 from hetsync.bench.efficiency import read_jsonl
+from hetsync.world import DILATION_ENV
 
 __all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
            "run_one",
            "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
-           "TRAIN_SAMPLES", "parse_selection", "write_docs"]
+           "TRAIN_SAMPLES", "parse_selection", "write_docs", "parse_dilations", "merge_rows", "recorded_with"]
 
 #: the validation scenarios, each a function of the world size n giving a slowdown spec, and which protocol
 #: the scenario is expected to favour.
@@ -88,19 +97,45 @@ def _sim_config(protocol):
 
 
 def parse_cluster(text):
-    """A validation cluster ``HOSTSxSLOTS/RATE`` (``2x2/100mbit``) as a
-    :class:`hetsync.emulation.cluster.spec.ClusterSpec` (no dilation).
+    """A validation cluster ``HOSTSxSLOTS/RATE[@D]`` (``2x2/100mbit``, ``2x4/100mbit@3``) as a
+    :class:`hetsync.emulation.cluster.spec.ClusterSpec` (time dilation D, default 1).
 
     Raises:
         ValueError: not of that form, or a value the cluster tool refuses (names it).
     """
     from hetsync.emulation.cluster.spec import ClusterSpec
 
-    hosts, sep, link = str(text).partition("/")
+    body, at, d = str(text).partition("@")
+    hosts, sep, link = body.partition("/")
     h, x, s = hosts.partition("x")
-    if not sep or not x or not h.isdigit() or not s.isdigit() or not link:
-        raise ValueError(f"--cluster must look like HOSTSxSLOTS/RATE (e.g. 2x2/100mbit), got {text!r}")
-    return ClusterSpec(hosts=int(h), slots=int(s), link=link)
+    if not sep or not x or not h.isdigit() or not s.isdigit() or not link or (at and not d):
+        raise ValueError(f"--cluster must look like HOSTSxSLOTS/RATE[@D] (e.g. 2x2/100mbit), got {text!r}")
+    return ClusterSpec(hosts=int(h), slots=int(s), link=link, dilation=_dilation_value(d, text) if at else 1.0)
+
+
+def _dilation_value(text, whole):
+    try:
+        d = float(text)
+    except ValueError:
+        d = float("nan")
+    if not 1.0 <= d < float("inf"):
+        raise ValueError(f"time dilation must be a finite number >= 1, got {text!r} in {whole!r}")
+    return d
+
+
+def parse_dilations(items):
+    """The ``--dilation NP=D`` values (list of str) as a dict {world size (int): D (float >= 1)}.
+
+    Raises:
+        ValueError: an item not of the form NP=D, NP not an integer >= 2, or D not a finite number >= 1 (names it).
+    """
+    out = {}
+    for item in items:
+        n, eq, d = str(item).partition("=")
+        if not eq or not n.strip().isdigit() or int(n) < 2:
+            raise ValueError(f"--dilation must look like NP=D with NP >= 2 ranks (e.g. 8=3), got {item!r}")
+        out[int(n)] = _dilation_value(d, item)
+    return out
 
 
 def cluster_label(cluster):
@@ -109,50 +144,57 @@ def cluster_label(cluster):
 
 
 def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, seed=0, samples_per_epoch=None,
-            cluster=None):
+            cluster=None, dilation=1.0):
     """The simulator's samples/s for one validation run.
 
     Args:
-        protocol: str. spec: str slowdown spec. n: int world size. host_ms: float milliseconds of host work per
-            step (from the probe run). model_bytes: int bytes of the gradient. batch_size: int per-rank samples.
+        protocol: str. spec: str slowdown spec. n: int world size. host_ms: float wall milliseconds of host work
+            per step (from the probe run). model_bytes: int bytes of the gradient. batch_size: int per-rank samples.
         steps: int draws per rank. seed: int. samples_per_epoch: int or None (FedAvg's period).
         cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` or None (one host).
+        dilation: float D >= 1, the run's time dilation: the simulator gets ``host_ms / D`` (host work is not
+            dilated, so it is D times shorter in the emulated cluster's time).
 
     Returns:
-        :class:`hetsync.sim.result.SimResult`.
+        :class:`hetsync.sim.result.SimResult` of the emulated cluster (its samples/s over D is the wall rate).
     """
     from hetsync.sim import network, registry, workload
 
     times = workload.step_times(spec, n, steps, seed=seed)
     net = (network.Network.from_spec(n) if cluster is None else
            network.Network.from_spec(n, hosts=f"{cluster.hosts}x{cluster.slots}", link=cluster.link))
-    work = workload.Workload(model_bytes=int(model_bytes), batch_size=int(batch_size), host_ms=float(host_ms))
+    work = workload.Workload(model_bytes=int(model_bytes), batch_size=int(batch_size),
+                             host_ms=float(host_ms) / float(dilation))
     cfg = _sim_config(protocol)
     if protocol == "fedavg" and samples_per_epoch:
         cfg["samples_per_epoch"] = int(samples_per_epoch)
     return registry.simulate(protocol, times, net, work, **cfg)
 
 
-def _np_dir(n, cluster):
-    return f"np{n}" if cluster is None else f"np{n}-{cluster_label(cluster)}"
+def _np_dir(n, cluster, dilation=1.0):
+    where = f"np{n}" if cluster is None else f"np{n}-{cluster_label(cluster)}"
+    return where if dilation == 1.0 else f"{where}-d{dilation:g}"
 
 
-def _run_dir(out, n, scenario, protocol, seed, cluster=None):
-    return os.path.join(out, "runs", _np_dir(n, cluster), scenario, protocol, f"seed{seed}")
+def _run_dir(out, n, scenario, protocol, seed, cluster=None, dilation=1.0):
+    return os.path.join(out, "runs", _np_dir(n, cluster, dilation), scenario, protocol, f"seed{seed}")
 
 
 def _data_args(digits):
     return launch.dataset_args(digits=digits)
 
 
-def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0, cluster=None, **flags):
+def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=1800.0, cluster=None, dilation=1.0,
+            **flags):
     """Launch one validation run unless its ``summary.json`` exists; return the summary (dict).
 
     Args:
         out_dir: str run folder. n: int ranks. spec: str slowdown spec. protocol: str. seed: int. epochs: int.
         digits: bool, use the digits set even when MNIST is there. timeout_s: float seconds.
-        cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` (its hosts x slots is ``n``) to run on
-            the emulated multi-host cluster, or None (horovodrun on this host).
+        cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` (its hosts x slots is ``n``; its
+            dilation is the run's) to run on the emulated multi-host cluster, or None (horovodrun on this host).
+        dilation: float D >= 1, the time dilation of a run on this host (``HETSYNC_DILATION``; the cluster's
+            own for a cluster run). ``timeout_s`` is multiplied by D.
         flags: more job flags (:func:`hetsync.bench.launch.job_argv`'s keywords, e.g. ``eval_every=5``,
             ``target_accuracy=0.9``).
 
@@ -168,12 +210,17 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
     argv = launch.job_argv(protocol, out_dir, PROTOCOL_ARGS.get(protocol, ()),
                            extra=_data_args(digits), epochs=epochs, slowdown=spec, seed=seed, batch_size=32,
                            **flags)
+    env = {}
     if cluster is None:
+        timeout_s *= dilation
         cmd = launch.horovodrun(n, argv)
+        if dilation != 1.0:
+            env[DILATION_ENV] = f"{dilation:g}"
     else:
+        timeout_s *= cluster.dilation
         cmd = launch.on_cluster(cluster, argv, record=os.path.join(out_dir, launch.CLUSTER_RECORD),
                                 timeout_s=timeout_s)
-    proc = launch.run(cmd, timeout_s + 60.0)
+    proc = launch.run(cmd, timeout_s + 60.0, env=env)
     if proc.returncode != 0 or not os.path.exists(path):
         tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
         raise RuntimeError(f"validation run {protocol} np{n} {spec!r} seed {seed} failed (status "
@@ -230,17 +277,19 @@ def probe_overheads(run_dir):
             "first_step_s": float(statistics.median(first)), "boundary_s": float(statistics.median(boundary))}
 
 
-def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0, cluster=None):
+def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0, cluster=None,
+                      dilation=1.0):
     """The simulator's ``host_ms`` that reproduces the probe: the probe's measured time per step beyond the device
-    time (``cycle_ms``) less what the simulator itself adds on the probe's cluster (its communication and waits
-    with ``host_ms`` = 0), at least 0.
+    time (``cycle_ms``, wall) less what the simulator itself adds on the probe's cluster (its communication and
+    waits with ``host_ms`` = 0, times the dilation D to make it wall time), at least 0.
 
     Args:
         protocol: str. n: int world size. overheads: :func:`probe_overheads`'s dict. probe_spec: str, the probe's
             scenario. steps, seed: ints of the simulation. cluster: the probe's ClusterSpec or None (one host).
+        dilation: float D >= 1 of the probe run.
 
     Returns:
-        float milliseconds.
+        float wall milliseconds (give :func:`predict` the same ``dilation``).
     """
     from hetsync.sim import workload
 
@@ -248,7 +297,7 @@ def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000
                    samples_per_epoch=None, cluster=cluster)
     device = workload.step_times(probe_spec, n, 1).ms.mean()
     sim_over = n * 32 / base.samples_per_s * 1e3 - device
-    return max(overheads["cycle_ms"] - sim_over, 0.0)
+    return max(overheads["cycle_ms"] - sim_over * float(dilation), 0.0)
 
 
 def with_fixed_costs(samples_per_s, samples, epochs, overheads):
@@ -286,27 +335,70 @@ def table(rows):
         err = r.get("error")
         if err is not None:
             errs.append(abs(err))
-        body.append([f"np{r['np']}", r.get("cluster", "one host"), r["scenario"], r["protocol"], f"{r['measured']:.0f}",
+        body.append([f"np{r['np']}", r.get("cluster", "one host"), f"{r.get('dilation', 1.0):g}", r["scenario"],
+                     r["protocol"], f"{r['measured']:.0f}",
                      f"{r['predicted']:.0f}", "" if err is None else f"{err * 100:+.1f}%",
                      "" if r.get("compile_fraction") is None else f"{r['compile_fraction'] * 100:.1f}%",
                      "" if r.get("overrun") is None else f"{r['overrun'] * 100:.1f}%" + (" (!)" if r["overrun"] >= 0.01 else "")])
-    text = tabulate(body, headers=["ranks", "hosts", "scenario", "protocol", "measured samples/s", "predicted", "error",
-                                   "first step", "overruns"], tablefmt="github")
+    text = tabulate(body, headers=["ranks", "hosts", "D", "scenario", "protocol", "measured samples/s", "predicted",
+                                   "error", "first step", "overruns"], tablefmt="github")
     groups = {}
     for r in rows:
         if r.get("error") is not None:
-            groups.setdefault((r["np"], r.get("cluster", "one host")), []).append(r)
+            groups.setdefault((r["np"], r.get("cluster", "one host"), r.get("dilation", 1.0)), []).append(r)
     parts = []
-    for (n, where), group in groups.items():
+    for (n, where, d), group in groups.items():
         e = [abs(r["error"]) for r in group]
         clean = [abs(r["error"]) for r in group if r.get("overrun") is not None and r["overrun"] < 0.01]
-        part = (f"np{n} on {where}: {len(e)} runs, median |error| {statistics.median(e) * 100:.1f}%, worst "
+        dil = "" if d == 1.0 else f" at dilation {d:g}"
+        part = (f"np{n} on {where}{dil}: {len(e)} runs, median |error| {statistics.median(e) * 100:.1f}%, worst "
                 f"{max(e) * 100:.1f}%")
         part += (f" ({len(clean)} under 1% overruns: median {statistics.median(clean) * 100:.1f}%, worst "
                  f"{max(clean) * 100:.1f}%)" if clean else " (none under 1% overruns)")
         parts.append(part)
     summary = "; ".join(parts) if parts else "no runs"
     return text, summary
+
+
+def merge_rows(old, new):
+    """The validation rows after a run: ``new`` (list of dicts) plus each row of ``old`` that no new row replaces
+    (same world size, cluster, scenario, protocol and seed; a new row replaces the old one whatever their
+    dilations), in a stable order (world size, cluster, the order of :data:`SCENARIOS` and :data:`PROTOCOLS`).
+
+    So a validation resumed on another machine, or one that re-measures some rows (at a dilation, say),
+    updates the document without losing the rows it did not re-measure.
+    """
+    def key(r):
+        return (r["np"], r.get("cluster", "one host"), r["scenario"], r["protocol"], r.get("seed"))
+
+    fresh = {key(r) for r in new}
+    rows = [r for r in old if key(r) not in fresh] + list(new)
+
+    def order(r):
+        where = r.get("cluster", "one host")
+        return (where != "one host", where, r["np"], list(SCENARIOS).index(r["scenario"]) if r["scenario"] in
+                SCENARIOS else len(SCENARIOS), PROTOCOLS.index(r["protocol"]) if r["protocol"] in PROTOCOLS else
+                len(PROTOCOLS), r.get("seed") or 0)
+    return sorted(rows, key=order)
+
+
+def recorded_with(doc, path):
+    """``doc`` (this run's validation document) merged into the recorded one at ``path`` (:func:`merge_rows`;
+    its ``commands`` list extended, the summary recomputed); ``doc`` itself when nothing is recorded there.
+
+    Raises:
+        ValueError: the recorded file is not a validation document (names the path).
+    """
+    if not os.path.exists(path):
+        return doc
+    with open(path) as f:
+        old = json.load(f)
+    if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
+        raise ValueError(f"{path} is not a validation document (no rows list)")
+    rows = merge_rows(old["rows"], doc["rows"])
+    commands = list(old.get("commands") or ([old["command"]] if old.get("command") else []))
+    commands += [c for c in doc["commands"] if c not in commands]
+    return dict(doc, rows=rows, commands=commands, summary=table(rows)[1])
 
 
 def parse_selection(parser, scenarios, protocols, verb="validated"):
@@ -371,8 +463,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/validate", help="output folder (reused: finished runs are skipped)")
     p.add_argument("--np", type=int, nargs="*", default=[4, 8], help="world sizes on this host")
-    p.add_argument("--cluster", action="append", default=[], metavar="HOSTSxSLOTS/RATE",
-                   help="also validate on the emulated multi-host cluster (repeatable), e.g. 2x2/100mbit")
+    p.add_argument("--dilation", action="append", default=[], metavar="NP=D",
+                   help="run world size NP on this host at time dilation D (repeatable), e.g. 8=3")
+    p.add_argument("--cluster", action="append", default=[], metavar="HOSTSxSLOTS/RATE[@D]",
+                   help="also validate on the emulated multi-host cluster (repeatable), e.g. 2x2/100mbit; @D "
+                   "runs it at time dilation D")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     p.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
     p.add_argument("--fit-s", type=float, default=55.0, help="seconds each run should train: its epochs are chosen "
@@ -381,7 +476,7 @@ def main(argv=None):
     p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
     p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
     p.add_argument("--update-docs", action="store_true", help="write docs/simulator/validation.json and the table "
-                   "of docs/simulator.md")
+                   "of docs/simulator.md, keeping the recorded rows this run did not re-measure")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
     args = p.parse_args(argv)
     scenarios, protocols = parse_selection(p, args.scenarios, args.protocols)
@@ -389,8 +484,12 @@ def main(argv=None):
         p.error(f"--np needs world sizes >= 2, got {args.np}")
     try:
         clusters = [parse_cluster(c) for c in args.cluster]
+        dilations = parse_dilations(args.dilation)
     except ValueError as exc:
         p.error(str(exc))
+    if set(dilations) - set(args.np):
+        p.error(f"--dilation names world sizes {sorted(set(dilations) - set(args.np))} that --np does not run "
+                f"({args.np})")
     if any(c.np < 2 for c in clusters):
         p.error(f"--cluster needs at least 2 ranks (hosts x slots), got {args.cluster}")
     targets = [(n, None) for n in args.np] + [(c.np, c) for c in clusters]
@@ -403,12 +502,13 @@ def main(argv=None):
     mnist = launch.mnist_dir() is not None and not args.digits
     train_samples = TRAIN_SAMPLES["mnist" if mnist else "digits"]
     for n, cluster in targets:
-        where = _np_dir(n, cluster)
+        dil = dilations.get(n, 1.0) if cluster is None else cluster.dilation
+        where = _np_dir(n, cluster, dil)
         host = {}
         for proto in protocols:
             pdir = os.path.join(args.out, "probes", where, proto)
             try:
-                run_one(pdir, n, "device:40", proto, args.seed + 100, 2, args.digits, cluster=cluster)
+                run_one(pdir, n, "device:40", proto, args.seed + 100, 2, args.digits, cluster=cluster, dilation=dil)
             except (RuntimeError, OSError) as exc:
                 print(f"probe {proto} {where} failed: {exc}", file=sys.stderr)
                 failed += 1
@@ -419,7 +519,7 @@ def main(argv=None):
                 failed += 1
                 continue
             try:
-                over["host_ms"] = calibrate_host_ms(proto, n, over, cluster=cluster)
+                over["host_ms"] = calibrate_host_ms(proto, n, over, cluster=cluster, dilation=dil)
             except Exception as exc:  # noqa: BLE001 - no model yet: the measured cycle as it is
                 print(f"probe {proto} {where}: not calibrated ({exc})", file=sys.stderr)
                 over["host_ms"] = over["cycle_ms"]
@@ -432,21 +532,22 @@ def main(argv=None):
             for proto in protocols:
                 if proto not in host:
                     continue
-                rdir = _run_dir(args.out, n, sname, proto, args.seed, cluster)
+                rdir = _run_dir(args.out, n, sname, proto, args.seed, cluster, dil)
                 done = os.path.exists(os.path.join(rdir, "summary.json"))
                 if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
                     print(f"time cap reached: {where} {sname} {proto} not started", file=sys.stderr)
                     continue
                 try:
                     guess = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                    seed=args.seed + 7, cluster=cluster)
+                                    seed=args.seed + 7, cluster=cluster, dilation=dil)
                 except Exception as exc:  # noqa: BLE001 - no model yet: size the run by BSP's
                     print(f"no prediction for {proto} ({exc}); sizing the run by BSP's", file=sys.stderr)
                     guess = predict("bsp", spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                    seed=args.seed + 7, cluster=cluster)
-                epochs = max(2, math.ceil(args.fit_s * guess.samples_per_s / train_samples))
+                                    seed=args.seed + 7, cluster=cluster, dilation=dil)
+                epochs = max(2, math.ceil(args.fit_s * guess.samples_per_s / dil / train_samples))
                 try:
-                    summ = run_one(rdir, n, spec, proto, args.seed, epochs, args.digits, cluster=cluster)
+                    summ = run_one(rdir, n, spec, proto, args.seed, epochs, args.digits, cluster=cluster,
+                                   dilation=dil)
                 except (RuntimeError, OSError) as exc:
                     print(str(exc), file=sys.stderr)
                     failed += 1
@@ -454,15 +555,16 @@ def main(argv=None):
                 epochs = summ.get("epochs") or epochs
                 try:
                     pred = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                   seed=args.seed, samples_per_epoch=train_samples, cluster=cluster)
+                                   seed=args.seed, samples_per_epoch=train_samples, cluster=cluster, dilation=dil)
                 except Exception as exc:  # noqa: BLE001 - keep the run; predict again on a rerun
                     print(f"no prediction for {proto} {where} {sname}: {exc}", file=sys.stderr)
                     continue
                 meas = summ["samples_per_s"]
-                whole = with_fixed_costs(pred.samples_per_s, summ.get("samples") or epochs * train_samples, epochs,
-                                         host[proto])
+                whole = with_fixed_costs(pred.samples_per_s / dil, summ.get("samples") or epochs * train_samples,
+                                         epochs, host[proto])
                 rows.append({"np": n, "cluster": cluster_label(cluster), "scenario": sname, "spec": spec, "protocol": proto, "seed": args.seed,
-                             "measured": meas, "predicted": whole, "predicted_steady": pred.samples_per_s,
+                             "dilation": dil, "measured": meas, "predicted": whole,
+                             "predicted_steady": pred.samples_per_s / dil,
                              "measured_steady": summ.get("samples_per_s_steady"),
                              "error": whole / meas - 1.0, "probe": host[proto],
                              "compile_fraction": compile_fraction(rdir, summ), "overrun": _overrun(summ),
@@ -470,11 +572,12 @@ def main(argv=None):
                              "wall_s": summ.get("wall_s")})
                 print(f"{where} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
                       f"({rows[-1]['error'] * 100:+.1f}%)", flush=True)
-    text, summary = table(rows)
     from hetsync.bench import docpages
 
     given = " ".join(sys.argv[1:] if argv is None else argv)
-    doc = {"command": docpages.without_out("python -m hetsync.bench.validate " + given),
+    command = docpages.without_out("python -m hetsync.bench.validate " + given)
+    text, summary = table(rows)
+    doc = {"command": command, "commands": [command],
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "rows": rows, "summary": summary}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "validation.json"), "w") as f:
@@ -482,8 +585,12 @@ def main(argv=None):
     print(text)
     print(summary)
     if args.update_docs:
+        doc = recorded_with(doc, os.path.join(args.docs_dir, "simulator", "validation.json"))
+        commands = "; then ".join(f"`{c}`" for c in doc["commands"])
         write_docs(args.docs_dir, "validation.json", doc, BEGIN, END,
-                   f"Measured {doc['date_utc']} UTC with `{doc['command']}`; {summary}.\n\n{text}", "## Validation")
+                   f"Measured up to {doc['date_utc']} UTC with {commands}; {doc['summary']}.\n\n"
+                   f"{table(doc['rows'])[0]}",
+                   "## Validation")
     return 1 if failed else 0
 
 

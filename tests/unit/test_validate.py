@@ -50,6 +50,30 @@ def test_cluster_argument_is_parsed_and_bad_ones_are_refused():
             validate.parse_cluster(bad)
     with pytest.raises(ValueError):
         validate.parse_cluster("2x2/fast")  # the cluster tool refuses the rate
+    assert validate.parse_cluster("2x4/100mbit@3").dilation == 3.0
+    for bad in ("2x2/100mbit@", "2x2/100mbit@0.5", "2x2/100mbit@x"):
+        with pytest.raises(ValueError):
+            validate.parse_cluster(bad)
+
+
+def test_dilation_arguments_are_parsed_and_bad_ones_are_refused():
+    assert validate.parse_dilations(["8=3", "4=1.5"]) == {8: 3.0, 4: 1.5}
+    for bad, message in (("8", "NP=D"), ("1=2", "NP >= 2"), ("8=0.5", ">= 1"), ("8=inf", ">= 1"), ("x=2", "NP=D")):
+        with pytest.raises(ValueError, match=message):
+            validate.parse_dilations([bad])
+
+
+def test_a_dilated_prediction_is_the_emulated_clusters_with_host_time_shrunk_by_d():
+    from hetsync.sim import workload
+
+    def rate(host_ms, d):
+        return validate.predict("bsp", "device:40+random:6", 4, host_ms, workload.EXAMPLE_MODEL_BYTES, 32,
+                                steps=200, seed=3, dilation=d).samples_per_s
+    assert rate(30.0, 3.0) == pytest.approx(rate(10.0, 1.0))
+    # the probe's wall cycle less D times what the simulator adds itself
+    c1 = validate.calibrate_host_ms("rna", 4, {"cycle_ms": 100.0}, steps=200)
+    c3 = validate.calibrate_host_ms("rna", 4, {"cycle_ms": 100.0}, steps=200, dilation=3.0)
+    assert 100.0 - c3 == pytest.approx(3.0 * (100.0 - c1))
 
 
 def test_a_cluster_run_is_launched_through_the_cluster_tool(tmp_path, monkeypatch):
@@ -76,6 +100,28 @@ def test_a_cluster_run_is_launched_through_the_cluster_tool(tmp_path, monkeypatc
     # resumable: the summary is there, nothing is launched again
     validate.run_one(str(tmp_path / "r"), 4, "device:40", "bsp", 1, 2, cluster=cluster)
     assert len(seen) == 1
+    validate.run_one(str(tmp_path / "c3"), 4, "device:40", "bsp", 1, 2, cluster=validate.parse_cluster("2x2/1gbit@3"))
+    assert seen[-1][seen[-1].index("--dilation") + 1] == "3"
+    assert float(seen[-1][seen[-1].index("--timeout") + 1]) == 3 * 1800.0  # the run's timeout is dilated
+
+
+def test_a_dilated_run_on_this_host_gets_the_dilation_in_its_environment(tmp_path, monkeypatch):
+    envs = []
+
+    def fake_run(cmd, timeout_s, **kwargs):
+        envs.append((kwargs.get("env") or {}, timeout_s))
+        with open(os.path.join(cmd[cmd.index("--out") + 1], "summary.json"), "w") as f:
+            json.dump({"samples_per_s": 1.0}, f)
+
+        class Done:
+            returncode, stdout, stderr = 0, "", ""
+        return Done()
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    validate.run_one(str(tmp_path / "d1"), 2, "device:40", "bsp", 1, 2)
+    validate.run_one(str(tmp_path / "d3"), 2, "device:40", "bsp", 1, 2, dilation=3.0)
+    assert envs[0] == ({}, 1800.0 + 60.0)
+    assert envs[1] == ({"HETSYNC_DILATION": "3"}, 3 * 1800.0 + 60.0)
 
 
 def test_a_resumed_validation_launches_nothing_and_writes_the_docs_block(tmp_path, monkeypatch):
@@ -110,12 +156,31 @@ def test_a_resumed_validation_launches_nothing_and_writes_the_docs_block(tmp_pat
     assert "old" not in page and "| np2 " in page and "np2 on one host: 2 runs, median |error|" in page
     assert "(2 under 1% overruns: median" in page
 
+    # A second run re-measures BSP at dilation 3 (its own folders): the recorded document keeps the local SGD
+    # row it did not re-measure, the BSP row is replaced, and both commands are named.
+    for where, proto in (("probes/np2-d3/bsp", None), ("runs/np2-d3/homogeneous/bsp/seed1", "run")):
+        folder = out / where
+        _write_records(folder, 0, 20, 3 if proto else 2, cycle_ms=5.0, device_ms=120.0, first_s=1.0, gap_s=0.3)
+        (folder / "summary.json").write_text(json.dumps({"samples_per_s": 500.0, "wall_s": 90.0, "epochs": 3,
+                                                         "samples": 3 * 1437, "overrun_fraction": 0.0}))
+    rc = validate.main(["--out", str(out), "--np", "2", "--dilation", "2=3", "--scenarios", "homogeneous",
+                        "--protocols", "bsp", "--update-docs", "--docs-dir", str(docs)])
+    assert rc == 0
+    doc = json.loads((docs / "simulator" / "validation.json").read_text())
+    assert [(r["protocol"], r["dilation"], r["measured"]) for r in doc["rows"]] == [
+        ("bsp", 3.0, 500.0), ("localsgd", 1.0, 1300.0)]
+    assert len(doc["commands"]) == 2 and "--dilation 2=3" in doc["commands"][1]
+    page = (docs / "simulator.md").read_text()
+    assert "np2 on one host at dilation 3: 1 runs" in page and "np2 on one host: 1 runs" in page
+
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
     for argv, message in ((["--np", "1"], "world sizes >= 2"), (["--cluster", "2x2"], "HOSTSxSLOTS/RATE"),
                           (["--np", "--scenarios", "homogeneous"], "nothing to validate"),
-                          (["--scenarios", "nowhere"], "unknown scenario"), (["--protocols", "ssp"], "not validated")):
+                          (["--scenarios", "nowhere"], "unknown scenario"), (["--protocols", "ssp"], "not validated"),
+                          (["--np", "4", "--dilation", "8=3"], "that --np does not run"),
+                          (["--dilation", "8=0.5"], ">= 1")):
         with pytest.raises(SystemExit):
             validate.main(["--out", str(tmp_path), *argv])
         assert message in capsys.readouterr().err
