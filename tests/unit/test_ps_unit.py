@@ -157,6 +157,28 @@ def test_server_applies_each_gradient_in_arrival_order_and_counts_others_updates
     assert stats["pushes"] == stats["pulls"] == len(order)
 
 
+def test_staleness_aware_rule_divides_eta_by_each_pushs_counter():
+    rng = np.random.default_rng(5)
+    w0 = rng.normal(size=4).astype(np.float32)
+    order = [0, 1, 1, 2, 0, 1, 2, 2, 0]  # counters c_i at the pushes: 0, 1, 0, 3, 3, 2, 2, 0, 3
+    grads, clocks, msgs = [], collections.Counter(), []
+    for i in order:
+        g = rng.normal(size=4).astype(np.float32)
+        grads.append(g)
+        msgs.append(_push(i, clocks[i], g, eta=0.3))
+        clocks[i] += 1
+    p2p = ScriptedP2P(msgs + [_done(0), _done(1), _done(2)])
+    stats = ParameterServer(p2p, 0, w0, [0, 1, 2], timeout_s=5, stale_lr="inverse").serve()
+    w = w0.copy()
+    for g, c in zip(grads, [0, 1, 0, 3, 3, 2, 2, 0, 3]):
+        w = w - np.float32(0.3 / max(c, 1)) * g
+    assert np.allclose(p2p.sent[-1][3][0], w, atol=1e-6)
+    assert stats["stale_lr"] == "inverse"
+    assert stats["lr_scale_mean"] == pytest.approx((4 + 1 / 3 * 3 + 1 / 2 * 2) / 9)
+    with pytest.raises(ValueError, match="stale_lr must be one of constant, inverse"):
+        ParameterServer(ScriptedP2P([]), 0, w0, [0, 1], stale_lr="sqrt")
+
+
 def test_server_gate_holds_replies_until_the_slowest_clock_allows_the_next_iteration():
     g = np.ones(2, np.float32)
     # worker 0 pushes iterations 0, 1, 2 while worker 1 has pushed nothing; s = 1
@@ -210,6 +232,7 @@ def test_server_names_a_silent_worker_after_the_timeout():
     ("ensemble", {"timeout_s": 0}, "timeout_s must be a number > 0"),
     ("ssp", {"staleness": -1}, "staleness s must be an integer >= 0"),
     ("ssp", {"staleness": 2.5}, "staleness s must be an integer"),
+    ("asp", {"stale_lr": "sqrt"}, "stale_lr must be one of 'constant', 'inverse'"),
 ])
 def test_bad_configuration_values_are_refused_before_training(name, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -29,7 +29,7 @@ from hetsync import transport, world
 from hetsync.errors import PSError
 from hetsync.transport import channels
 
-__all__ = ["plan_shards", "ParameterServer", "PSError", "PUSH", "PULL", "ERROR", "SHARDINGS"]
+__all__ = ["plan_shards", "ParameterServer", "PSError", "PUSH", "PULL", "ERROR", "SHARDINGS", "STALE_LR"]
 
 #: worker -> server: tag = the worker's iteration t (int) or ``"done"``; obj = ``(eta, g shard, sent_at)``.
 PUSH = channels.PS_PUSH
@@ -39,6 +39,8 @@ PULL = channels.PS_PULL
 ERROR = channels.PS_ERROR
 #: the sharding modes of section 4.4.
 SHARDINGS = ("layer", "memory")
+#: the servers' learning-rate rules for a push: eta as sent, or eta / c_i (staleness-aware asynchronous SGD).
+STALE_LR = ("constant", "inverse")
 #: SSP lead histogram range: t + 1 - min clock at a reply, clipped to [0, LEAD_RANGE].
 LEAD_RANGE = 32
 
@@ -102,18 +104,28 @@ class ParameterServer:
             reply to the push of iteration t until min over unfinished workers of their clocks >= t + 1 - s).
         timeout_s: float seconds > 0: the server fails when an unfinished worker that is not waiting
             for a held-back reply has sent nothing for this long.
+        stale_lr: ``"constant"`` (Algorithm 1 line 21: w~ <- w~ - eta g) or ``"inverse"``: a push whose
+            counter c_i (the updates by other workers since this worker's previous push: the gradient's
+            staleness tau) is >= 1 is applied with eta / c_i (the staleness-dependent learning rate alpha_0 /
+            tau of Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD for Distributed Deep Learning",
+            IJCAI 2016).
 
     Raises:
         ValueError: bad arguments.
     """
 
-    def __init__(self, p2p, index, w0, workers, staleness=None, timeout_s=120.0):
+    def __init__(self, p2p, index, w0, workers, staleness=None, timeout_s=120.0, stale_lr="constant"):
         if not workers:
             raise ValueError("a parameter server needs at least one worker")
         if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
             raise ValueError(f"staleness must be None or an int >= 0, got {staleness!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if stale_lr not in STALE_LR:
+            raise ValueError(f"stale_lr must be one of {', '.join(STALE_LR)}, got {stale_lr!r}")
+        self.stale_lr = stale_lr
+        #: sum over applied pushes of the learning-rate factor (1, or 1 / c_i under ``stale_lr="inverse"``).
+        self.lr_scale_sum = 0.0
         self.p2p, self.index = p2p, int(index)
         self.w = np.array(w0, dtype=np.float32, copy=True)
         self.workers = [int(r) for r in workers]
@@ -212,7 +224,9 @@ class ParameterServer:
         c = int(self.counters[slot])
         self.counters += 1
         self.counters[slot] = 0
-        self.w -= np.float32(eta) * g
+        scale = 1.0 / c if self.stale_lr == "inverse" and c > 1 else 1.0
+        self.lr_scale_sum += scale
+        self.w -= np.float32(eta * scale) * g
         self.clocks[slot] = t + 1
         self.pushes[slot] += 1
         self.order.append((self.workers[slot], t))
@@ -247,7 +261,8 @@ class ParameterServer:
         per worker rank), ``final_counters`` (C at the end, per worker), ``returned_c_sum`` (per worker),
         ``queue_wait_ms`` (send-to-service latency of the pushes: mean, p50, p95, max, in ms; includes the
         transfer and assumes the hosts' clocks agree), ``idle_s`` / ``busy_s`` (seconds waiting for a push /
-        serving), ``updates`` (= pushes), and with SSP ``gate_max_lead`` (largest t + 1 - min clock at a
+        serving), ``updates`` (= pushes), ``stale_lr`` and ``lr_scale_mean`` (the mean factor on eta over the
+        applied pushes; None before any), and with SSP ``gate_max_lead`` (largest t + 1 - min clock at a
         reply, <= s), ``gate_held_replies`` (replies held back by the gate) and ``gate_lead_histogram``."""
         q = np.asarray(self.queue_wait_ms, np.float64)
         out = {
@@ -260,6 +275,8 @@ class ParameterServer:
             "queue_wait_ms": ({"mean": float(q.mean()), "p50": float(np.percentile(q, 50)),
                                "p95": float(np.percentile(q, 95)), "max": float(q.max())} if q.size else None),
             "idle_s": self.idle_s, "busy_s": self.busy_s, "shard_elements": int(self.w.size),
+            "stale_lr": self.stale_lr,
+            "lr_scale_mean": self.lr_scale_sum / int(self.pushes.sum()) if self.pushes.sum() else None,
         }
         if self.staleness is not None:
             out["gate_max_lead"] = int(self.max_lead)

@@ -63,6 +63,11 @@ class PSConfig(ProtocolConfig):
     timeout_s: float = param(120.0, "float seconds (> 0): the longest a worker waits for a server's reply and a "
                                     "server waits for a message from an unfinished worker before a clear error.",
                              gt=0, unit="seconds")
+    stale_lr: typing.Literal["constant", "inverse"] = param(
+        "constant", "str, the servers' learning rate for a push: ``\"constant\"`` (the worker's eta, SHAT "
+                    "Algorithm 1 line 21) or ``\"inverse\"`` (eta / c_i where the push's staleness c_i, the updates "
+                    "by other workers since this worker's previous push, is >= 1: staleness-aware asynchronous "
+                    "SGD, Zhang et al., IJCAI 2016).")
     data_plan: typing.Literal["pool", "shard"] = param(
         "pool", "str, how ``fit_data`` feeds the workers: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by worker 0, faster workers draw more batches, every sample "
@@ -190,7 +195,8 @@ class PSProtocol(Protocol):
         k = world.rank() - self.n_workers
         lo, hi = self.ranges[k]
         self.server = ParameterServer(self._p2p, k, self.flat_weights()[lo:hi], self.workers,
-                                      staleness=self.staleness_bound, timeout_s=self.cfg.timeout_s)
+                                      staleness=self.staleness_bound, timeout_s=self.cfg.timeout_s,
+                                      stale_lr=self.cfg.stale_lr)
         self._server_stats = self.server.serve()
         return True
 
