@@ -34,7 +34,7 @@ __all__ = [
     "launch_mode", "shutdown", "require_mpi", "COLLECTIVE_TIMEOUT_S",
     "register_shutdown", "dilation", "dilated", "DILATION_ENV", "host_name", "host_names", "HOST_ENVS",
     "quiet_startup", "is_verbose", "VERBOSE_ENV", "QUIET_ENV", "collectives", "COLLECTIVES_ENV", "COLLECTIVES",
-    "RENDEZVOUS_TIMEOUT_S",
+    "RENDEZVOUS_TIMEOUT_S", "parse_dilation",
 ]
 
 
@@ -95,14 +95,25 @@ def dilation():
         ValueError: the variable holds something other than a finite number >= 1 (names the value).
     """
     text = os.environ.get(DILATION_ENV, "").strip()
-    if not text:
-        return 1.0
+    return parse_dilation(text, DILATION_ENV) if text else 1.0
+
+
+def parse_dilation(text, source):
+    """A time dilation D (float >= 1) from ``text`` (str), as :func:`dilation` reads it.
+
+    Args:
+        text: str, the value given. source: str naming where it came from in the error (an environment
+            variable, a command-line option).
+
+    Raises:
+        ValueError: ``text`` is not a finite number >= 1 (names ``source`` and the value).
+    """
     try:
         d = float(text)
     except ValueError:
         d = float("nan")
     if not 1.0 <= d < float("inf"):
-        raise ValueError(f"{DILATION_ENV}={text!r}: the time dilation must be a finite number >= 1")
+        raise ValueError(f"{source}={text!r}: the time dilation must be a finite number >= 1")
     return d
 
 

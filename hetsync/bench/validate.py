@@ -47,7 +47,7 @@ from tabulate import tabulate
 
 from hetsync.bench import launch
 from hetsync.bench.efficiency import read_jsonl
-from hetsync.world import DILATION_ENV
+from hetsync.world import DILATION_ENV, parse_dilation
 
 __all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
            "run_one",
@@ -110,17 +110,8 @@ def parse_cluster(text):
     h, x, s = hosts.partition("x")
     if not sep or not x or not h.isdigit() or not s.isdigit() or not link or (at and not d):
         raise ValueError(f"--cluster must look like HOSTSxSLOTS/RATE[@D] (e.g. 2x2/100mbit), got {text!r}")
-    return ClusterSpec(hosts=int(h), slots=int(s), link=link, dilation=_dilation_value(d, text) if at else 1.0)
-
-
-def _dilation_value(text, whole):
-    try:
-        d = float(text)
-    except ValueError:
-        d = float("nan")
-    if not 1.0 <= d < float("inf"):
-        raise ValueError(f"time dilation must be a finite number >= 1, got {text!r} in {whole!r}")
-    return d
+    d = parse_dilation(d, f"--cluster {text}: D") if at else 1.0
+    return ClusterSpec(hosts=int(h), slots=int(s), link=link, dilation=d)
 
 
 def parse_dilations(items):
@@ -134,7 +125,7 @@ def parse_dilations(items):
         n, eq, d = str(item).partition("=")
         if not eq or not n.strip().isdigit() or int(n) < 2:
             raise ValueError(f"--dilation must look like NP=D with NP >= 2 ranks (e.g. 8=3), got {item!r}")
-        out[int(n)] = _dilation_value(d, item)
+        out[int(n)] = parse_dilation(d, f"--dilation {item}: D")
     return out
 
 
