@@ -50,6 +50,9 @@ def parse_args(argv=None):
                         "step (default: 40 with --scenario; 0 keeps them on the real CPU)")
     p.add_argument("--epochs", type=int, default=None, help="epochs of every run (replace the preset's and the cells')")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per launch")
+    p.add_argument("--lr", type=float, default=None, help="SGD learning rate of every run (replace the preset's)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD momentum of every run's wrapped optimizer, in [0, 1) (default 0)")
     p.add_argument("--out", default=None, help="output folder (default runs/bench-PRESET in this directory)")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="folder of MNIST's IDX files for the mnist cells (default: $HETSYNC_DATA_DIR)")
@@ -96,6 +99,14 @@ def parse_args(argv=None):
             if args.timeout <= 0:
                 raise ValueError(f"--timeout must be positive, got {args.timeout}")
             changes["timeout_s"] = args.timeout
+        if args.lr is not None:
+            if not (args.lr > 0 and args.lr < float("inf")):
+                raise ValueError(f"--lr must be a positive finite learning rate, got {args.lr}")
+            changes["lr"] = args.lr
+        if args.momentum is not None:
+            if not 0 <= args.momentum < 1:
+                raise ValueError(f"--momentum must be in [0, 1), got {args.momentum}")
+            changes["momentum"] = args.momentum
         if args.twins:
             changes["twins"] = True
         if changes:

@@ -216,7 +216,8 @@ class Preset:
     Attributes:
         name: str. np: int, ranks per run (a cell's own ``np`` overrides it). cells: tuple of
         :class:`Cell`. seeds: tuple of int. epochs: dict data set -> int epochs. batch_size: int,
-        per-rank samples per step. lr: float SGD learning rate. target: dict data set -> float
+        per-rank samples per step. lr: float SGD learning rate. momentum: float SGD momentum in [0, 1) of
+        the wrapped optimizer (every protocol's). target: dict data set -> float
         target test accuracy. model: "mlp" or "cnn". timeout_s: float seconds allowed per launch.
         evals: int, test evaluations per run (``--eval-every`` is set so that a run of the cell's
         ranks evaluates about this often; 0: once per epoch).
@@ -231,6 +232,7 @@ class Preset:
     epochs: dict
     batch_size: int = 32
     lr: float = 0.2
+    momentum: float = 0.0
     target: dict = dataclasses.field(default_factory=lambda: {"digits": 0.9, "mnist": 0.9})
     model: str = "mlp"
     timeout_s: float = 600.0
@@ -260,7 +262,8 @@ class Preset:
             "--model", cell.model or self.model, "--epochs", str(self.cell_epochs(cell) * epochs_factor),
             "--batch-size", str(self.batch_size),
             "--lr", repr(self.lr), "--target-accuracy", repr(self.target[dataset])] + (
-            ["--eval-every", str(eval_every)] if eval_every else [])
+            ["--eval-every", str(eval_every)] if eval_every else []) + (
+            ["--momentum", repr(self.momentum)] if self.momentum else [])
 
     def cell_seeds(self, cell):
         """The seeds ``cell`` runs with (tuple of int)."""

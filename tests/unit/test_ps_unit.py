@@ -9,7 +9,7 @@ import pytest
 
 import hetsync
 from hetsync import protocols, transport
-from hetsync.protocols.ps.server import PULL, PUSH, ParameterServer, PSError, plan_shards
+from hetsync.protocols.ps.server import PULL, PUSH, ParameterServer, PSError, explicit_momentum, plan_shards
 from hetsync.protocols.ps.shat import shat_alpha
 from hetsync.transport.p2p import Dispatcher, Message
 
@@ -179,6 +179,45 @@ def test_staleness_aware_rule_divides_eta_by_each_pushs_counter():
         ParameterServer(ScriptedP2P([]), 0, w0, [0, 1], stale_lr="sqrt")
 
 
+def test_server_momentum_is_heavy_ball_on_the_pushes_in_arrival_order():
+    rng = np.random.default_rng(6)
+    w0 = rng.normal(size=3).astype(np.float32)
+    order = [0, 1, 1, 0, 2, 2, 0]  # counters c_i at the pushes: 0, 1, 0, 2, 4, 0, 2
+    grads, clocks, msgs = [], collections.Counter(), []
+    for i in order:
+        g = rng.normal(size=3).astype(np.float32)
+        grads.append(g)
+        msgs.append(_push(i, clocks[i], g, eta=0.1))
+        clocks[i] += 1
+    for stale_lr in ("constant", "inverse"):
+        p2p = ScriptedP2P(msgs + [_done(0), _done(1), _done(2)])
+        stats = ParameterServer(p2p, 0, w0, [0, 1, 2], timeout_s=5, stale_lr=stale_lr, momentum=0.5).serve()
+        w, u = w0.astype(np.float64), np.zeros(3)
+        for (dest, _, _, (model, c)), g in zip(p2p.sent, grads):
+            u = 0.5 * u + (1.0 / c if stale_lr == "inverse" and c > 1 else 1.0) * g
+            w = w - 0.1 * u
+            assert np.allclose(model, w, atol=1e-6)
+        assert [s[3][1] for s in p2p.sent] == [0, 1, 0, 2, 4, 0, 2]
+        assert stats["momentum"] == 0.5
+    with pytest.raises(ValueError, match=r"server momentum must be in \[0, 1\), got 1.0"):
+        ParameterServer(ScriptedP2P([]), 0, w0, [0, 1], momentum=1.0)
+
+
+@pytest.mark.parametrize("mu, n, correction, expected", [
+    (0.9, 4, "none", 0.9), (0.9, 1, "asynchrony", 0.9), (0.9, 4, "asynchrony", 0.15), (0.9, 2, "asynchrony", 0.4),
+    (0.9, 10, "asynchrony", 0.0), (0.0, 4, "asynchrony", 0.0),
+])
+def test_explicit_momentum_subtracts_the_implicit_momentum_of_n_asynchronous_workers(mu, n, correction, expected):
+    assert explicit_momentum(mu, n, correction) == pytest.approx(expected)
+
+
+def test_explicit_momentum_refuses_bad_values():
+    with pytest.raises(ValueError, match="momentum_correction must be one of none, asynchrony, got 'nesterov'"):
+        explicit_momentum(0.9, 4, "nesterov")
+    with pytest.raises(ValueError, match="number of workers must be an int >= 1, got 0"):
+        explicit_momentum(0.9, 0, "asynchrony")
+
+
 def test_server_gate_holds_replies_until_the_slowest_clock_allows_the_next_iteration():
     g = np.ones(2, np.float32)
     # worker 0 pushes iterations 0, 1, 2 while worker 1 has pushed nothing; s = 1
@@ -233,6 +272,9 @@ def test_server_names_a_silent_worker_after_the_timeout():
     ("ssp", {"staleness": -1}, "staleness s must be an integer >= 0"),
     ("ssp", {"staleness": 2.5}, "staleness s must be an integer"),
     ("asp", {"stale_lr": "sqrt"}, "stale_lr must be one of 'constant', 'inverse'"),
+    ("asp", {"server_momentum": 1.0}, r"ASP: server_momentum must be a number in \[0, 1\), got 1.0"),
+    ("ssp", {"server_momentum": -0.1}, r"SSP: server_momentum must be a number in \[0, 1\), got -0.1"),
+    ("shat", {"momentum_correction": "dana"}, "momentum_correction must be one of 'none', 'asynchrony'"),
 ])
 def test_bad_configuration_values_are_refused_before_training(name, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -29,7 +29,8 @@ from hetsync import transport, world
 from hetsync.errors import PSError
 from hetsync.transport import channels
 
-__all__ = ["plan_shards", "ParameterServer", "PSError", "PUSH", "PULL", "ERROR", "SHARDINGS", "STALE_LR"]
+__all__ = ["plan_shards", "ParameterServer", "PSError", "PUSH", "PULL", "ERROR", "SHARDINGS", "STALE_LR",
+           "MOMENTUM_CORRECTIONS", "explicit_momentum"]
 
 #: worker -> server: tag = the worker's iteration t (int) or ``"done"``; obj = ``(eta, g shard, sent_at)``.
 PUSH = channels.PS_PUSH
@@ -41,6 +42,8 @@ ERROR = channels.PS_ERROR
 SHARDINGS = ("layer", "memory")
 #: the servers' learning-rate rules for a push: eta as sent, or eta / c_i (staleness-aware asynchronous SGD).
 STALE_LR = ("constant", "inverse")
+#: how the servers' explicit momentum follows the number of asynchronous workers (:func:`explicit_momentum`).
+MOMENTUM_CORRECTIONS = ("none", "asynchrony")
 #: SSP lead histogram range: t + 1 - min clock at a reply, clipped to [0, LEAD_RANGE].
 LEAD_RANGE = 32
 
@@ -92,6 +95,38 @@ def plan_shards(sizes, servers, mode):
     return out
 
 
+def explicit_momentum(mu, workers, correction="none"):
+    """The servers' explicit heavy-ball momentum mu_L for a target momentum mu and n asynchronous workers.
+
+    Mitliagkas, Zhang, Hadjis and Re, "Asynchrony begets momentum, with an application to deep learning"
+    (Allerton 2016), main theorem: under a queueing model of n workers updating one model asynchronously
+    (staleness geometric), the expected update is that of momentum SGD with an implicit momentum
+    mu_S = 1 - 1/n, so the explicit momentum should be lowered as n grows for the total to stay at the tuned
+    mu. ``"asynchrony"`` returns mu_L = max(0, mu - (1 - 1/n)) (the paper's negative explicit momentum under
+    high asynchrony is not offered); ``"none"`` returns mu.
+
+    Args:
+        mu: float in [0, 1), the momentum the servers should apply in total (``server_momentum``).
+        workers: int n >= 1, the number of workers pushing asynchronously.
+        correction: ``"none"`` or ``"asynchrony"``.
+
+    Returns:
+        float mu_L in [0, mu].
+
+    Raises:
+        ValueError: mu outside [0, 1), n < 1 or an unknown correction.
+    """
+    if not 0.0 <= mu < 1.0:
+        raise ValueError(f"server momentum must be in [0, 1), got {mu!r}")
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"the number of workers must be an int >= 1, got {workers!r}")
+    if correction not in MOMENTUM_CORRECTIONS:
+        raise ValueError(f"momentum_correction must be one of {', '.join(MOMENTUM_CORRECTIONS)}, got {correction!r}")
+    if correction == "none":
+        return float(mu)
+    return max(0.0, float(mu) - (1.0 - 1.0 / int(workers)))
+
+
 class ParameterServer:
     """One server's shard and loop (SHAT Algorithm 1, lines 11-23), with SSP's optional gate.
 
@@ -109,12 +144,15 @@ class ParameterServer:
             staleness tau) is >= 1 is applied with eta / c_i (the staleness-dependent learning rate alpha_0 /
             tau of Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD for Distributed Deep Learning",
             IJCAI 2016).
+        momentum: float mu_L in [0, 1), the server's heavy-ball momentum: per shard a velocity
+            u <- mu_L u + s g (s the ``stale_lr`` factor) and w~ <- w~ - eta u; 0 (default) is Algorithm 1's
+            plain w~ <- w~ - eta g. :func:`explicit_momentum` gives mu_L corrected for asynchrony.
 
     Raises:
         ValueError: bad arguments.
     """
 
-    def __init__(self, p2p, index, w0, workers, staleness=None, timeout_s=120.0, stale_lr="constant"):
+    def __init__(self, p2p, index, w0, workers, staleness=None, timeout_s=120.0, stale_lr="constant", momentum=0.0):
         if not workers:
             raise ValueError("a parameter server needs at least one worker")
         if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
@@ -123,11 +161,16 @@ class ParameterServer:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         if stale_lr not in STALE_LR:
             raise ValueError(f"stale_lr must be one of {', '.join(STALE_LR)}, got {stale_lr!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"server momentum must be in [0, 1), got {momentum!r}")
         self.stale_lr = stale_lr
+        self.momentum = float(momentum)
         #: sum over applied pushes of the learning-rate factor (1, or 1 / c_i under ``stale_lr="inverse"``).
         self.lr_scale_sum = 0.0
         self.p2p, self.index = p2p, int(index)
         self.w = np.array(w0, dtype=np.float32, copy=True)
+        #: the heavy-ball velocity u, float32 [hi - lo] (None without momentum).
+        self.velocity = np.zeros_like(self.w) if self.momentum > 0.0 else None
         self.workers = [int(r) for r in workers]
         self._slot = {r: j for j, r in enumerate(self.workers)}
         # wall seconds of this run: the emulated cluster's timeout times the dilation D
@@ -226,7 +269,12 @@ class ParameterServer:
         self.counters[slot] = 0
         scale = 1.0 / c if self.stale_lr == "inverse" and c > 1 else 1.0
         self.lr_scale_sum += scale
-        self.w -= np.float32(eta * scale) * g
+        if self.velocity is None:
+            self.w -= np.float32(eta * scale) * g
+        else:
+            self.velocity *= np.float32(self.momentum)
+            self.velocity += np.float32(scale) * g
+            self.w -= np.float32(eta) * self.velocity
         self.clocks[slot] = t + 1
         self.pushes[slot] += 1
         self.order.append((self.workers[slot], t))
@@ -262,8 +310,9 @@ class ParameterServer:
         ``queue_wait_ms`` (send-to-service latency of the pushes: mean, p50, p95, max, in ms; includes the
         transfer and assumes the hosts' clocks agree), ``idle_s`` / ``busy_s`` (seconds waiting for a push /
         serving), ``updates`` (= pushes), ``stale_lr`` and ``lr_scale_mean`` (the mean factor on eta over the
-        applied pushes; None before any), and with SSP ``gate_max_lead`` (largest t + 1 - min clock at a
-        reply, <= s), ``gate_held_replies`` (replies held back by the gate) and ``gate_lead_histogram``."""
+        applied pushes; None before any), ``momentum`` (mu_L, the explicit momentum applied), and with SSP
+        ``gate_max_lead`` (largest t + 1 - min clock at a reply, <= s), ``gate_held_replies`` (replies held
+        back by the gate) and ``gate_lead_histogram``."""
         q = np.asarray(self.queue_wait_ms, np.float64)
         out = {
             "server": self.index, "rank": self.p2p.rank, "updates": int(self.pushes.sum()),
@@ -275,7 +324,7 @@ class ParameterServer:
             "queue_wait_ms": ({"mean": float(q.mean()), "p50": float(np.percentile(q, 50)),
                                "p95": float(np.percentile(q, 95)), "max": float(q.max())} if q.size else None),
             "idle_s": self.idle_s, "busy_s": self.busy_s, "shard_elements": int(self.w.size),
-            "stale_lr": self.stale_lr,
+            "stale_lr": self.stale_lr, "momentum": self.momentum,
             "lr_scale_mean": self.lr_scale_sum / int(self.pushes.sum()) if self.pushes.sum() else None,
         }
         if self.staleness is not None:

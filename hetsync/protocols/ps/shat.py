@@ -16,7 +16,8 @@ n is the number of workers. With several servers every server keeps its own coun
 computed per shard from that shard's c (the design notes' "most faithful" reading); the statistics report
 server 0's c and alpha per step, and the mean alpha over shards. The local step uses the wrapped Keras
 optimizer (its state, e.g. momentum, stays local); the server applies plain SGD w~ <- w~ - eta g with
-the worker's learning rate of that step (Algorithm 1 line 21).
+the worker's learning rate of that step (Algorithm 1 line 21), or, with ``server_momentum``, heavy-ball
+momentum of its own (:class:`hetsync.protocols.ps.server.ParameterServer`).
 """
 import dataclasses
 import math

@@ -37,7 +37,7 @@ from hetsync import transport
 from hetsync import world
 from hetsync.core.protocol import Capabilities, Protocol
 from hetsync.core.config import ProtocolConfig, param
-from hetsync.protocols.ps.server import ERROR, PULL, PUSH, ParameterServer, PSError, plan_shards
+from hetsync.protocols.ps.server import ERROR, PULL, PUSH, ParameterServer, PSError, explicit_momentum, plan_shards
 
 __all__ = ["PSConfig", "PSProtocol", "PSError", "ALPHA_BINS"]
 
@@ -68,6 +68,14 @@ class PSConfig(ProtocolConfig):
                     "Algorithm 1 line 21) or ``\"inverse\"`` (eta / c_i where the push's staleness c_i, the updates "
                     "by other workers since this worker's previous push, is >= 1: staleness-aware asynchronous "
                     "SGD, Zhang et al., IJCAI 2016).")
+    server_momentum: float = param(
+        0.0, "float mu in [0, 1), the servers' heavy-ball momentum: u <- mu u + g, w~ <- w~ - eta u per push "
+             "(0: plain SGD, SHAT Algorithm 1 line 21; the wrapped optimizer's own momentum only acts on the local "
+             "steps of SHAT, SHAT-root and ENSEMBLE).", ge=0, lt=1)
+    momentum_correction: typing.Literal["none", "asynchrony"] = param(
+        "none", "str, ``\"none\"`` (the servers apply ``server_momentum`` as given) or ``\"asynchrony\"``: they "
+                "apply max(0, mu - (1 - 1/n)) for n workers, since asynchrony of n workers adds an implicit "
+                "momentum 1 - 1/n (Mitliagkas, Zhang, Hadjis and Re, \"Asynchrony begets momentum\", Allerton 2016).")
     data_plan: typing.Literal["pool", "shard"] = param(
         "pool", "str, how ``fit_data`` feeds the workers: ``\"pool\"`` (default; work conservation: each "
                 "epoch is a pool of the N samples served by worker 0, faster workers draw more batches, every sample "
@@ -196,7 +204,9 @@ class PSProtocol(Protocol):
         lo, hi = self.ranges[k]
         self.server = ParameterServer(self._p2p, k, self.flat_weights()[lo:hi], self.workers,
                                       staleness=self.staleness_bound, timeout_s=self.cfg.timeout_s,
-                                      stale_lr=self.cfg.stale_lr)
+                                      stale_lr=self.cfg.stale_lr,
+                                      momentum=explicit_momentum(self.cfg.server_momentum, self.n_workers,
+                                                                 self.cfg.momentum_correction))
         self._server_stats = self.server.serve()
         return True
 
