@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from hetsync import world
 
@@ -195,12 +196,19 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None, env=None)
         ValueError: ``timeout_s`` not a positive number (a launch never waits without a bound).
         subprocess.TimeoutExpired: the job ran longer than ``timeout_s``; the launcher's process group got
             SIGTERM (mpirun and horovodrun then stop their ranks) and, 10 s later, SIGKILL.
+        SystemExit: this process got SIGTERM while the launch ran (status 143; called from the main thread); the
+            launch's group was stopped the same way first. Ctrl-C (KeyboardInterrupt) stops it too.
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen(cmd, cwd=cwd, env={**job_env(stall_shutdown_s), **(env or {})}, stdout=pipe, stderr=pipe,
                             text=True, start_new_session=True)
+    # the launch runs in its own session, so a SIGTERM to this process (a benchmark stopped by ``kill``) would
+    # leave it running: while it runs, SIGTERM raises SystemExit here and the launch's group is stopped below
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -210,7 +218,15 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None, env=None)
     except BaseException:
         _stop_group(proc)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _terminate(signum, frame):
+    """SIGTERM while a launch runs: leave through :class:`SystemExit` (status 128 + 15) so the launch is stopped."""
+    raise SystemExit(128 + signum)
 
 
 def _stop_group(proc, grace_s=10.0):

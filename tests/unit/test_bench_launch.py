@@ -51,3 +51,33 @@ def test_unbounded_or_bad_timeout_is_refused(bad):
         launch.run(["true"], bad)
     with pytest.raises(ValueError, match="stall_shutdown_s"):
         launch.job_env(stall_shutdown_s=0)
+
+
+def test_a_sigterm_to_the_benchmark_stops_the_launch_it_runs(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    # the "launch": a shell that records its pid and sleeps; the "benchmark": a Python process running it
+    script = (f"from hetsync.bench import launch; launch.run(['sh', '-c', 'echo $$ > {pidfile}; exec sleep 60'], 120)")
+    bench = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline, "the launch did not start"
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) == 143
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "the launch outlived the benchmark"
+            time.sleep(0.1)
+    finally:
+        bench.kill()
+        bench.wait()
