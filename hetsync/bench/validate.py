@@ -33,7 +33,8 @@ to compare with the run's wall-clock ``samples_per_s``; every row records its D.
 Every run keeps its folder; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
 (resumable), and ``--time-cap-min`` stops starting new runs after that many minutes. ``validation.json``
 holds every row; ``--update-docs`` writes ``docs/simulator/validation.json`` (beside the page; ``docs/results/``
-holds only benchmark summaries) and the generated table of ``docs/simulator.md``.
+holds only benchmark summaries) and the generated table of ``docs/simulator.md``. ``--repredict`` runs nothing:
+it predicts the recorded rows again (:func:`repredict`, from the probe each row keeps), for a changed simulator.
 """
 import argparse
 import json
@@ -46,13 +47,15 @@ import time
 from tabulate import tabulate
 
 from hetsync.bench import launch
-from hetsync.bench.efficiency import read_jsonl
+from hetsync.bench.simfit import (PROTOCOL_ARGS, TRAIN_SAMPLES, _records, calibrate_host_ms, predict,
+                                  probe_overheads, repredict, with_fixed_costs)
 from hetsync.world import DILATION_ENV, parse_dilation
 
 __all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
            "run_one",
            "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
-           "TRAIN_SAMPLES", "parse_selection", "write_docs", "parse_dilations", "merge_rows", "recorded_with"]
+           "TRAIN_SAMPLES", "parse_selection", "write_docs", "parse_dilations", "merge_rows", "recorded_with",
+           "repredict"]
 
 #: the validation scenarios, each a function of the world size n giving a slowdown spec, and which protocol
 #: the scenario is expected to favour.
@@ -69,10 +72,6 @@ SCENARIOS = {
 }
 #: the protocols validated (no server ranks: every rank computes).
 PROTOCOLS = ("bsp", "rna", "localsgd", "fedavg", "taskalloc", "hop")
-#: protocol arguments of the validation runs (``KEY=VALUE``), the same for the prediction.
-PROTOCOL_ARGS = {"taskalloc": ("mode=adaptive",), "hop": ("graph=ring",)}
-#: training samples per epoch of the job's data sets (80% of MNIST's 10,000 test files; 80% of the 1,797 digits).
-TRAIN_SAMPLES = {"mnist": 8000, "digits": 1437}
 #: the generated table's markers in the documentation page.
 BEGIN, END = "<!-- BEGIN generated: simulator validation -->", "<!-- END generated: simulator validation -->"
 
@@ -86,14 +85,6 @@ def scenario_spec(name, n):
     if name not in SCENARIOS:
         raise ValueError(f"unknown validation scenario {name!r}; known: {', '.join(SCENARIOS)}")
     return SCENARIOS[name][0](n)
-
-
-def _sim_config(protocol):
-    cfg = {}
-    for kv in PROTOCOL_ARGS.get(protocol, ()):
-        k, _, v = kv.partition("=")
-        cfg[k] = int(v) if v.isdigit() else v
-    return cfg
 
 
 def parse_cluster(text):
@@ -132,34 +123,6 @@ def parse_dilations(items):
 def cluster_label(cluster):
     """The label of a validation cluster in folder names and rows (str): ``2x2-100mbit``, or ``one host``."""
     return "one host" if cluster is None else f"{cluster.hosts}x{cluster.slots}-{cluster.link}"
-
-
-def predict(protocol, spec, n, host_ms, model_bytes, batch_size, steps=2000, seed=0, samples_per_epoch=None,
-            cluster=None, dilation=1.0):
-    """The simulator's samples/s for one validation run.
-
-    Args:
-        protocol: str. spec: str slowdown spec. n: int world size. host_ms: float wall milliseconds of host work
-            per step (from the probe run). model_bytes: int bytes of the gradient. batch_size: int per-rank samples.
-        steps: int draws per rank. seed: int. samples_per_epoch: int or None (FedAvg's period).
-        cluster: a :class:`hetsync.emulation.cluster.spec.ClusterSpec` or None (one host).
-        dilation: float D >= 1, the run's time dilation: the simulator gets ``host_ms / D`` (host work is not
-            dilated, so it is D times shorter in the emulated cluster's time).
-
-    Returns:
-        :class:`hetsync.sim.result.SimResult` of the emulated cluster (its samples/s over D is the wall rate).
-    """
-    from hetsync.sim import network, registry, workload
-
-    times = workload.step_times(spec, n, steps, seed=seed)
-    net = (network.Network.from_spec(n) if cluster is None else
-           network.Network.from_spec(n, hosts=f"{cluster.hosts}x{cluster.slots}", link=cluster.link))
-    work = workload.Workload(model_bytes=int(model_bytes), batch_size=int(batch_size),
-                             host_ms=float(host_ms) / float(dilation))
-    cfg = _sim_config(protocol)
-    if protocol == "fedavg" and samples_per_epoch:
-        cfg["samples_per_epoch"] = int(samples_per_epoch)
-    return registry.simulate(protocol, times, net, work, **cfg)
 
 
 def _np_dir(n, cluster, dilation=1.0):
@@ -218,92 +181,6 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
                            f"{proc.returncode}):\n{tail}")
     with open(path) as f:
         return json.load(f)
-
-
-def _records(run_dir):
-    out = []
-    for name in sorted(os.listdir(run_dir)):
-        if name.startswith("rank") and name.endswith(".jsonl"):
-            out.append(read_jsonl(os.path.join(run_dir, name)))
-    return out
-
-
-def probe_overheads(run_dir):
-    """What a probe run measured outside the emulated device time.
-
-    Args:
-        run_dir: str, the probe run's folder (``rank*.jsonl`` step records with ``wall_s``, ``epoch``,
-            ``emulated_ms``).
-
-    Returns:
-        dict of floats, or None without records: ``cycle_ms``, the mean over ranks of the mean wall time per step
-        (between consecutive steps' ends) within the epochs after the first, less the mean emulated device time,
-        in milliseconds (Keras' per-step work, the callbacks, the protocol's own exchanges and periodic averages,
-        CPU contention between ranks); ``host_ms_median``, the median over ranks of the median of the same
-        per-step figure; ``first_step_s``, seconds from train begin to the first step's end (tracing, compiling;
-        median over ranks); ``boundary_s``, seconds between the last step of epoch 0 and the first of epoch 1
-        beyond one mean cycle (rank 0's evaluation, the data plan's new epoch; median over ranks).
-    """
-    cycle, medians, first, boundary = [], [], [], []
-    for recs in _records(run_dir):
-        if not recs or "wall_s" not in recs[0]:
-            continue
-        first.append(recs[0]["wall_s"])
-        later = [i for i, r in enumerate(recs) if r.get("epoch", 0) >= 1]
-        if not later or later[0] == 0:
-            continue
-        i0 = later[0]
-        pairs = [(a, b) for a, b in zip(recs[i0:], recs[i0 + 1:]) if a.get("epoch") == b.get("epoch")]
-        if not pairs:
-            continue
-        per = [(b["wall_s"] - a["wall_s"]) * 1e3 - b.get("emulated_ms", 0.0) for a, b in pairs]
-        mean = statistics.mean(per)
-        cycle.append(mean)
-        medians.append(statistics.median(per))
-        gap = (recs[i0]["wall_s"] - recs[i0 - 1]["wall_s"]) * 1e3 - recs[i0].get("emulated_ms", 0.0) - mean
-        boundary.append(max(gap, 0.0) / 1e3)
-    if not cycle:
-        return None
-    return {"cycle_ms": float(statistics.mean(cycle)), "host_ms_median": float(statistics.median(medians)),
-            "first_step_s": float(statistics.median(first)), "boundary_s": float(statistics.median(boundary))}
-
-
-def calibrate_host_ms(protocol, n, overheads, probe_spec="device:40", steps=2000, seed=0, cluster=None,
-                      dilation=1.0):
-    """The simulator's ``host_ms`` that reproduces the probe: the probe's measured time per step beyond the device
-    time (``cycle_ms``, wall) less what the simulator itself adds on the probe's cluster (its communication and
-    waits with ``host_ms`` = 0, times the dilation D to make it wall time), at least 0.
-
-    Args:
-        protocol: str. n: int world size. overheads: :func:`probe_overheads`'s dict. probe_spec: str, the probe's
-            scenario. steps, seed: ints of the simulation. cluster: the probe's ClusterSpec or None (one host).
-        dilation: float D >= 1 of the probe run.
-
-    Returns:
-        float wall milliseconds (give :func:`predict` the same ``dilation``).
-    """
-    from hetsync.sim import workload
-
-    base = predict(protocol, probe_spec, n, 0.0, workload.EXAMPLE_MODEL_BYTES, 32, steps=steps, seed=seed,
-                   samples_per_epoch=None, cluster=cluster)
-    device = workload.step_times(probe_spec, n, 1).ms.mean()
-    sim_over = n * 32 / base.samples_per_s * 1e3 - device
-    return max(overheads["cycle_ms"] - sim_over * float(dilation), 0.0)
-
-
-def with_fixed_costs(samples_per_s, samples, epochs, overheads):
-    """Samples/s over a whole fit: the simulated steady rate plus the probe's fixed costs (the first step and
-    each epoch boundary after the first epoch).
-
-    Args:
-        samples_per_s: float > 0, simulated. samples: int, samples of the whole fit (epochs x samples per epoch).
-        epochs: int >= 1. overheads: :func:`probe_overheads`'s dict.
-
-    Returns:
-        float samples per second.
-    """
-    seconds = overheads["first_step_s"] + samples / samples_per_s + (epochs - 1) * overheads["boundary_s"]
-    return samples / seconds
 
 
 def compile_fraction(run_dir, summary):
@@ -469,8 +346,13 @@ def main(argv=None):
     p.add_argument("--update-docs", action="store_true", help="write docs/simulator/validation.json and the table "
                    "of docs/simulator.md, keeping the recorded rows this run did not re-measure")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
+    p.add_argument("--repredict", action="store_true", help="run nothing: predict the recorded rows of "
+                   "DOCS/simulator/validation.json (those of --scenarios and --protocols) again with this simulator "
+                   "and calibration, from the probes kept in the rows")
     args = p.parse_args(argv)
     scenarios, protocols = parse_selection(p, args.scenarios, args.protocols)
+    if args.repredict:
+        return _repredict_main(args, scenarios, protocols, argv)
     if any(n < 2 for n in args.np):
         p.error(f"--np needs world sizes >= 2, got {args.np}")
     try:
@@ -560,6 +442,7 @@ def main(argv=None):
                              "error": whole / meas - 1.0, "probe": host[proto],
                              "compile_fraction": compile_fraction(rdir, summ), "overrun": _overrun(summ),
                              "dataset": "mnist" if mnist else "digits", "epochs": epochs,
+                             "samples": summ.get("samples") or epochs * train_samples,
                              "wall_s": summ.get("wall_s")})
                 print(f"{where} {sname:15s} {proto:10s} measured {meas:8.0f} predicted {whole:8.0f} "
                       f"({rows[-1]['error'] * 100:+.1f}%)", flush=True)
@@ -583,6 +466,32 @@ def main(argv=None):
                    f"{table(doc['rows'])[0]}",
                    "## Validation")
     return 1 if failed else 0
+
+
+def _repredict_main(args, scenarios, protocols, argv):
+    path = os.path.join(args.docs_dir, "simulator", "validation.json")
+    if not os.path.exists(path):
+        print(f"--repredict: no recorded validation at {path}", file=sys.stderr)
+        return 2
+    with open(path) as f:
+        recorded = json.load(f)
+    chosen = [r for r in recorded["rows"] if r["scenario"] in scenarios and r["protocol"] in protocols]
+    rows = repredict(chosen)
+    from hetsync.bench import docpages
+
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    command = docpages.without_out("python -m hetsync.bench.validate " + given)
+    text, summary = table(rows)
+    print(text)
+    print(summary)
+    if args.update_docs:
+        doc = recorded_with({"command": command, "commands": [command], "rows": rows, "summary": summary,
+                             "date_utc": recorded.get("date_utc")}, path)
+        commands = "; then ".join(f"`{c}`" for c in doc["commands"])
+        write_docs(args.docs_dir, "validation.json", doc, BEGIN, END,
+                   f"Measured up to {doc['date_utc']} UTC with {commands}; {doc['summary']}.\n\n"
+                   f"{table(doc['rows'])[0]}", "## Validation")
+    return 0
 
 
 if __name__ == "__main__":

@@ -70,10 +70,23 @@ def test_a_dilated_prediction_is_the_emulated_clusters_with_host_time_shrunk_by_
         return validate.predict("bsp", "device:40+random:6", 4, host_ms, workload.EXAMPLE_MODEL_BYTES, 32,
                                 steps=200, seed=3, dilation=d).samples_per_s
     assert rate(30.0, 3.0) == pytest.approx(rate(10.0, 1.0))
-    # the probe's wall cycle less D times what the simulator adds itself
-    c1 = validate.calibrate_host_ms("rna", 4, {"cycle_ms": 100.0}, steps=200)
-    c3 = validate.calibrate_host_ms("rna", 4, {"cycle_ms": 100.0}, steps=200, dilation=3.0)
-    assert 100.0 - c3 == pytest.approx(3.0 * (100.0 - c1))
+
+
+
+@pytest.mark.parametrize("protocol, cluster, d", [
+    ("bsp", None, 1.0), ("rna", None, 3.0), ("hop", "2x2/100mbit@3", 3.0), ("localsgd", "2x2/100mbit", 1.0)])
+def test_the_calibrated_host_time_makes_the_simulated_probe_as_slow_as_the_measured_one(protocol, cluster, d):
+    from hetsync.sim import workload
+
+    spec = None if cluster is None else validate.parse_cluster(cluster)
+    host = validate.calibrate_host_ms(protocol, 4, {"cycle_ms": 120.0}, steps=200, cluster=spec, dilation=d)
+    res = validate.predict(protocol, "device:40", 4, host, workload.EXAMPLE_MODEL_BYTES, 32, steps=200, cluster=spec,
+                           dilation=d)
+    # the probe: 40 ms of device time and 120 wall ms beyond it, i.e. 120 / D in the emulated cluster's time
+    assert 4 * 32 / res.samples_per_s * 1e3 == pytest.approx(40.0 + 120.0 / d, abs=0.1)
+    assert 0.0 < host <= 120.0
+    # a probe no slower than the simulator with no host work needs none
+    assert validate.calibrate_host_ms(protocol, 4, {"cycle_ms": 0.0}, steps=200, cluster=spec, dilation=d) == 0.0
 
 
 def test_a_cluster_run_is_launched_through_the_cluster_tool(tmp_path, monkeypatch):
@@ -172,6 +185,34 @@ def test_a_resumed_validation_launches_nothing_and_writes_the_docs_block(tmp_pat
     assert len(doc["commands"]) == 2 and "--dilation 2=3" in doc["commands"][1]
     page = (docs / "simulator.md").read_text()
     assert "np2 on one host at dilation 3: 1 runs" in page and "np2 on one host: 1 runs" in page
+
+
+def test_recorded_rows_are_predicted_again_from_their_probes_without_a_run(tmp_path, monkeypatch):
+    from hetsync.sim import workload
+
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    probe = {"cycle_ms": 30.0, "host_ms_median": 29.0, "first_step_s": 2.0, "boundary_s": 0.1, "host_ms": 99.0}
+    rows = []
+    for proto, cluster, d in (("bsp", "one host", 1.0), ("hop", "2x2-100mbit", 3.0)):
+        spec = None if cluster == "one host" else validate.parse_cluster(f"2x2/100mbit@{d:g}")
+        old = validate.predict(proto, "device:40+random:6", 4, 99.0, workload.EXAMPLE_MODEL_BYTES, 32, steps=200,
+                               seed=1, cluster=spec, dilation=d).samples_per_s / d
+        # an older row: no "samples"; the fit's samples (5 epochs of 7,900) follow from its two predictions
+        rows.append({"np": 4, "cluster": cluster, "dilation": d, "scenario": "random", "spec": "device:40+random:6",
+                     "protocol": proto, "seed": 1, "measured": 300.0, "probe": probe, "epochs": 5,
+                     "dataset": "mnist", "predicted_steady": old,
+                     "predicted": validate.with_fixed_costs(old, 39500, 5, probe)})
+    new = validate.repredict(rows, steps=200)
+    for r, n in zip(rows, new):
+        spec = None if r["cluster"] == "one host" else validate.parse_cluster(f"2x2/100mbit@{r['dilation']:g}")
+        host = validate.calibrate_host_ms(r["protocol"], 4, probe, steps=200, cluster=spec, dilation=r["dilation"])
+        rate = validate.predict(r["protocol"], r["spec"], 4, host, workload.EXAMPLE_MODEL_BYTES, 32, steps=200, seed=1,
+                                samples_per_epoch=8000, cluster=spec, dilation=r["dilation"]).samples_per_s
+        assert n["samples"] == 39500 and n["probe"]["host_ms"] == pytest.approx(host)
+        assert n["predicted_steady"] == pytest.approx(rate / r["dilation"])
+        assert n["predicted"] == pytest.approx(validate.with_fixed_costs(rate / r["dilation"], 39500, 5, probe))
+        assert n["error"] == pytest.approx(n["predicted"] / 300.0 - 1.0) and n["measured"] == 300.0
+    assert rows[0]["probe"]["host_ms"] == 99.0  # the recorded rows are not changed in place
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
