@@ -1,7 +1,7 @@
 """The advisor against measured time to target: does its first choice reach the target first?
 
-``python -m hetsync.bench.advisor_check --out runs/advisor-check [--np 4] [--scenarios A,B] [--protocols a,b]
-[--seeds 1 2 3] [--epochs 4] [--eval-every 4] [--lr 0.2] [--time-cap-min M] [--update-docs]``
+``python -m hetsync.bench.advisor_check --out runs/advisor-check [--np 4] [--dilation D] [--scenarios A,B]
+[--protocols a,b] [--seeds 1 2 3] [--epochs 4] [--eval-every 4] [--lr 0.2] [--time-cap-min M] [--update-docs]``
 
 For each validation scenario (:data:`hetsync.bench.validate.SCENARIOS`) it trains the job with every protocol of
 the validation (:data:`hetsync.bench.validate.PROTOCOLS`, with the same protocol arguments) for a fixed number of
@@ -27,7 +27,13 @@ hetsync.sim.target`` rebuilds the advisor's statistical efficiencies from such a
 writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``. With
 ``--calibration`` the run is the advisor's calibration on other seeds (``--seeds 4 5 6``): ``--update-docs`` then
 writes ``docs/simulator/advisor_calibration.json``, from which ``python -m hetsync.sim.target`` rebuilds the
-statistical efficiencies, and its own table.
+statistical efficiencies, and its own table. A world size other than 4 (the default) has its own documents
+(``advisor_check_np8.json``, ``advisor_calibration_np8.json``) and tables.
+
+``--dilation D`` runs the probe and every run at time dilation D (``HETSYNC_DILATION``: device times, delays
+and timeouts D times longer), for world sizes whose host work overruns the emulated device time on this machine
+(8 ranks on 2 cores: D = 3, as the validation). Host work is not dilated, so the advisor is given the probe's
+host time divided by D, as the validation gives the simulator.
 """
 import argparse
 import json
@@ -41,6 +47,7 @@ from tabulate import tabulate
 
 from hetsync.bench import launch
 from hetsync.bench import validate as _validate
+from hetsync.world import parse_dilation
 
 __all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "CAL_BEGIN", "CAL_END", "median_time", "verdict", "advisor_choice",
            "table", "benchmark_rows",
@@ -216,25 +223,43 @@ def benchmark_rows(scenarios, n, dataset):
     return rows
 
 
-def _probe(out, n, seed, digits, epochs, samples_per_epoch, **flags):
-    """BSP on ``device:40`` under ``seed``: its host time per step (the advisor's ``--host-ms``) and its epochs to
-    the target (``--epochs-to-target``; None when it missed the target)."""
-    pdir = os.path.join(out, "probes", f"np{n}", "bsp-target")
-    summ = _validate.run_one(pdir, n, "device:40", "bsp", seed, epochs, digits, **flags)
+def doc_names(n):
+    """The documents of a check of ``n`` ranks (int): ``(check JSON, calibration JSON, (BEGIN, END) of the check's
+    table, (BEGIN, END) of the calibration's)``; 4 ranks, the default, keeps the plain names."""
+    if n == 4:
+        return "advisor_check.json", "advisor_calibration.json", (BEGIN, END), (CAL_BEGIN, CAL_END)
+    tag = f" np{n} -->"
+    return (f"advisor_check_np{n}.json", f"advisor_calibration_np{n}.json",
+            (BEGIN.replace(" -->", tag), END.replace(" -->", tag)),
+            (CAL_BEGIN.replace(" -->", tag), CAL_END.replace(" -->", tag)))
+
+
+def _np_dir(n, dilation):
+    return f"np{n}" if dilation == 1.0 else f"np{n}-d{dilation:g}"
+
+
+def _probe(out, n, seed, digits, epochs, samples_per_epoch, dilation=1.0, **flags):
+    """BSP on ``device:40`` under ``seed`` (at time dilation ``dilation``): its host time per step in wall
+    milliseconds (the advisor's ``--host-ms`` is this over D) and its epochs to the target
+    (``--epochs-to-target``; None when it missed the target)."""
+    pdir = os.path.join(out, "probes", _np_dir(n, dilation), "bsp-target")
+    summ = _validate.run_one(pdir, n, "device:40", "bsp", seed, epochs, digits, dilation=dilation, **flags)
     over = _validate.probe_overheads(pdir)
     if over is None:
         raise RuntimeError(f"the BSP probe in {pdir} left no step records")
     k = summ.get("samples_to_target")
-    return _validate.calibrate_host_ms("bsp", n, over), over, (k / samples_per_epoch if k else None)
+    return (_validate.calibrate_host_ms("bsp", n, over, dilation=dilation), over,
+            (k / samples_per_epoch if k else None))
 
 
-def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None):
+def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None,
+                     dilation=1.0):
     spec = _validate.scenario_spec(sname, n)
     runs, medians, samples, rates, overrun, over_runs = [], {}, {}, {}, 0.0, 0
     for proto in protocols:
         times, counts, speeds = [], [], []
         for seed in seeds:
-            path = os.path.join(out, "runs", f"np{n}", sname, proto, f"seed{seed}", "summary.json")
+            path = os.path.join(out, "runs", _np_dir(n, dilation), sname, proto, f"seed{seed}", "summary.json")
             if not os.path.exists(path):
                 continue
             with open(path) as f:
@@ -281,6 +306,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/advisor-check", help="output folder (reused: finished runs are skipped)")
     p.add_argument("--np", type=int, default=4, help="ranks of every run")
+    p.add_argument("--dilation", default="1", metavar="D",
+                   help="run the probe and every run at time dilation D >= 1 (e.g. 3 for 8 ranks on 2 cores)")
     p.add_argument("--scenarios", default=",".join(_validate.SCENARIOS),
                    help="comma-separated: " + ", ".join(_validate.SCENARIOS))
     p.add_argument("--protocols", default=",".join(_validate.PROTOCOLS),
@@ -313,14 +340,21 @@ def main(argv=None):
         p.error(f"--target must be in (0, 1], got {args.target}")
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds lists a seed twice: {args.seeds}")
+    try:
+        dil = parse_dilation(args.dilation, "--dilation")
+    except ValueError as exc:
+        p.error(str(exc))
 
     t0 = time.monotonic()
     failed = 0
     mnist = launch.mnist_dir() is not None and not args.digits
     per_epoch = _validate.TRAIN_SAMPLES["mnist" if mnist else "digits"]
     host_ms, over, to_target = _probe(args.out, args.np, max(args.seeds) + 100, args.digits, args.epochs, per_epoch,
-                                      eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
-    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time; advisor --host-ms {host_ms:.1f}"
+                                      dilation=dil, eval_every=args.eval_every, target_accuracy=args.target,
+                                      lr=args.lr)
+    host_ms /= dil  # the advisor's host time: host work is not dilated (the validation's rule)
+    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time (D = {dil:g}); advisor --host-ms "
+          f"{host_ms:.1f}"
           f", --samples-per-epoch {per_epoch}, --epochs-to-target "
           f"{'none (the probe missed the target)' if to_target is None else f'{to_target:.2f}'}", flush=True)
     results, all_runs = [], []
@@ -328,13 +362,13 @@ def main(argv=None):
         spec = _validate.scenario_spec(sname, args.np)
         for seed in args.seeds:
             for proto in protocols:
-                rdir = os.path.join(args.out, "runs", f"np{args.np}", sname, proto, f"seed{seed}")
+                rdir = os.path.join(args.out, "runs", _np_dir(args.np, dil), sname, proto, f"seed{seed}")
                 done = os.path.exists(os.path.join(rdir, "summary.json"))
                 if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
                     continue
                 try:
                     summ = _validate.run_one(rdir, args.np, spec, proto, seed, args.epochs, args.digits,
-                                             eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
+                                             dilation=dil, eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
                 except (RuntimeError, OSError) as exc:
                     print(str(exc), file=sys.stderr)
                     failed += 1
@@ -344,7 +378,8 @@ def main(argv=None):
                     print(f"{sname:15s} seed {seed} {proto:10s} time to target "
                           f"{'not reached' if t is None else f'{t:.1f} s'}, {summ['samples_per_s']:.0f} samples/s, "
                           f"overruns {summ.get('overrun_fraction', 0) * 100:.1f}%", flush=True)
-        res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms, per_epoch, to_target)
+        res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms, per_epoch, to_target,
+                                     dilation=dil)
         all_runs += [{"scenario": sname, **r} for r in runs]
         if res is None:
             print(f"{sname}: not every run is there (time cap or failure); left out of the verdict", file=sys.stderr)
@@ -357,7 +392,8 @@ def main(argv=None):
 
     given = " ".join(sys.argv[1:] if argv is None else argv)
     doc = {"command": docpages.without_out("python -m hetsync.bench.advisor_check " + given),
-           "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "seeds": args.seeds,
+           "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "dilation": dil,
+           "seeds": args.seeds,
            "epochs": args.epochs, "target": args.target, "lr": args.lr, "dataset": "mnist" if mnist else "digits",
            "host_ms": host_ms, "samples_per_epoch": per_epoch, "epochs_to_target": to_target, "scenarios": results,
            "runs": all_runs, "summary": summary,
@@ -368,7 +404,8 @@ def main(argv=None):
     print(text)
     print(summary)
     if args.update_docs:
-        body = (f"Measured {doc['date_utc']} UTC with `{doc['command']}` ({args.np} ranks, {doc['dataset']}, "
+        body = (f"Measured {doc['date_utc']} UTC with `{doc['command']}` ({args.np} ranks"
+                + ("" if dil == 1.0 else f" at time dilation {dil:g}") + f", {doc['dataset']}, "
                 f"{args.epochs} epochs, learning rate {args.lr:g}, target {args.target:g}, seeds "
                 f"{', '.join(map(str, args.seeds))}; advisor "
                 f"`--host-ms {host_ms:.1f} --samples-per-epoch {per_epoch}"
@@ -376,14 +413,16 @@ def main(argv=None):
                 + f"` from the BSP probe): {summary}.\n\n"
                 "Median time to target in seconds over the seeds; `*` the advisor's choice, `<` the measured best.\n\n"
                 + text)
+        check_json, cal_json, (begin, end), (cal_begin, cal_end) = doc_names(args.np)
+        ranks = "" if args.np == 4 else f", {args.np} ranks"
         if args.calibration:
-            _validate.write_docs(args.docs_dir, "advisor_calibration.json", _finite(doc), CAL_BEGIN, CAL_END,
+            _validate.write_docs(args.docs_dir, cal_json, _finite(doc), cal_begin, cal_end,
                                  "The calibration runs (their samples to target give the advisor's statistical "
                                  "efficiencies; the check reports other seeds). " + body,
-                                 "### The runs that calibrate the advisor")
+                                 "### The runs that calibrate the advisor" + ranks)
         else:
-            _validate.write_docs(args.docs_dir, "advisor_check.json", _finite(doc), BEGIN, END, body,
-                                 "### Does the advisor choose well?")
+            _validate.write_docs(args.docs_dir, check_json, _finite(doc), begin, end, body,
+                                 "### Does the advisor choose well?" + ranks)
     return 1 if failed else 0
 
 

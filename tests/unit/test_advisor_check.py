@@ -75,11 +75,12 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
                                                                   0.02 if proto == "fedavg" else 0.0)))
     docs = tmp_path / "docs"
     os.makedirs(docs)
-    (docs / "simulator.md").write_text(f"# page\n\n{advisor_check.BEGIN}\nold\n{advisor_check.END}\n")
+    _, _, (begin, end), _ = advisor_check.doc_names(2)
+    (docs / "simulator.md").write_text(f"# page\n\n{begin}\nold\n{end}\n")
     rc = advisor_check.main(["--out", str(out), "--np", "2", "--scenarios", "homogeneous,random",
                              "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs)])
     assert rc == 0
-    doc = json.loads((docs / "simulator" / "advisor_check.json").read_text())
+    doc = json.loads((docs / "simulator" / "advisor_check_np2.json").read_text())
     by = {s["scenario"]: s for s in doc["scenarios"]}
     assert (doc["samples_per_epoch"], doc["epochs_to_target"]) == (1437, 2.0)
     assert by["homogeneous"]["medians"] == {"bsp": 11.0, "fedavg": 12.5}
@@ -94,11 +95,52 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
     assert "| 3 of 6 " in page and "| 2.1k " in page  # FedAvg's runs over 1% overruns; its median samples
     assert "--out" not in doc["command"]
     # the medians as benchmark rows: the advisor's statistical efficiencies can be rebuilt from them
-    table = target.estimate_from_results([str(docs / "simulator" / "advisor_check.json")])
+    table = target.estimate_from_results([str(docs / "simulator" / "advisor_check_np2.json")])
     cells = {c["cell"]: c for c in table["fedavg"]["cells"]}
     assert cells["np2:digits/device:40[check]"] == {"cell": "np2:digits/device:40[check]",
                                                     "se": round(1100 / 1250, 3), "how": "samples"}
     assert cells["np2:digits/device:40+random:6[check]"]["se"] == round(4200 / 2100, 3)
+
+
+def test_a_dilated_check_reads_its_own_folders_divides_host_time_by_d_and_writes_its_own_documents(tmp_path,
+                                                                                                   monkeypatch):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail(f"launched {a[0]}"))
+    monkeypatch.setattr(launch, "mnist_dir", lambda: None)
+    from hetsync.advise import predict
+    from hetsync.bench import validate
+    from hetsync.sim import target
+
+    monkeypatch.setattr(target, "TABLE", {"fedavg": {"se": 0.99, "cells": []}})
+    monkeypatch.setattr(predict, "HOST_SHARE", {})
+    out = tmp_path / "c"
+    probe = out / "probes" / "np8-d3" / "bsp-target"
+    os.makedirs(probe)
+    with open(probe / "rank0.jsonl", "w") as f:  # at D = 3: 120 ms device steps, 150 ms apart
+        for k in range(40):
+            f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + 0.150 * k, "emulated_ms": 120.0}) + "\n")
+    (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0, "samples_to_target": 2874}))
+    for proto, t in (("bsp", 30.0), ("fedavg", 20.0)):
+        for seed in (1, 2, 3):
+            run = out / "runs" / "np8-d3" / "random" / proto / f"seed{seed}"
+            os.makedirs(run)
+            (run / "summary.json").write_text(json.dumps(_summary(t + seed, int(t * 100))))
+    docs = tmp_path / "docs"
+    os.makedirs(docs)
+    (docs / "simulator.md").write_text("# page\n")
+    rc = advisor_check.main(["--out", str(out), "--np", "8", "--dilation", "3", "--scenarios", "random",
+                             "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs)])
+    assert rc == 0
+    doc = json.loads((docs / "simulator" / "advisor_check_np8.json").read_text())
+    assert not (docs / "simulator" / "advisor_check.json").exists()
+    over = validate.probe_overheads(str(probe))
+    assert over["cycle_ms"] == pytest.approx(30.0)
+    assert doc["dilation"] == 3.0 and doc["host_ms"] == pytest.approx(
+        validate.calibrate_host_ms("bsp", 8, over, dilation=3.0) / 3.0)
+    assert doc["scenarios"][0]["medians"] == {"bsp": 32.0, "fedavg": 22.0}
+    page = (docs / "simulator.md").read_text()
+    _, _, (begin, end), _ = advisor_check.doc_names(8)
+    assert begin == "<!-- BEGIN generated: advisor check np8 -->" and begin in page and end in page
+    assert "### Does the advisor choose well?, 8 ranks" in page and "(8 ranks at time dilation 3," in page
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -106,7 +148,7 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, c
     for argv, message in ((["--np", "1"], "at least 2 ranks"), (["--scenarios", "nowhere"], "unknown scenario"),
                           (["--protocols", "ssp"], "not checked"), (["--protocols", "rna,hop"], "must include bsp"),
                           (["--target", "1.5"], "(0, 1]"), (["--seeds", "1", "1"], "a seed twice"),
-                          (["--epochs", "0"], ">= 1")):
+                          (["--epochs", "0"], ">= 1"), (["--dilation", "0.5"], "--dilation")):
         with pytest.raises(SystemExit):
             advisor_check.main(["--out", str(tmp_path), *argv])
         assert message in capsys.readouterr().err
