@@ -215,6 +215,30 @@ def test_recorded_rows_are_predicted_again_from_their_probes_without_a_run(tmp_p
     assert rows[0]["probe"]["host_ms"] == 99.0  # the recorded rows are not changed in place
 
 
+def test_repredict_rewrites_the_recorded_document_and_names_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    probe = {"cycle_ms": 20.0, "host_ms_median": 20.0, "first_step_s": 2.0, "boundary_s": 0.0, "host_ms": 20.0}
+    row = {"np": 2, "cluster": "one host", "dilation": 1.0, "scenario": "homogeneous", "spec": "device:40",
+           "protocol": "bsp", "seed": 1, "measured": 1000.0, "predicted": 900.0, "predicted_steady": 950.0,
+           "error": -0.1, "probe": probe, "epochs": 3, "dataset": "digits", "samples": 4311, "overrun": 0.0}
+    docs = tmp_path / "docs"
+    os.makedirs(docs / "simulator")
+    (docs / "simulator" / "validation.json").write_text(json.dumps(
+        {"command": "python -m hetsync.bench.validate --np 2", "commands": ["python -m hetsync.bench.validate --np 2"],
+         "date_utc": "2026-11-20 10:00", "rows": [row], "summary": "old"}))
+    (docs / "simulator.md").write_text(f"# page\n\n## Validation\n\n{validate.BEGIN}\nold\n{validate.END}\n")
+    assert validate.main(["--repredict", "--update-docs", "--docs-dir", str(docs)]) == 0
+    doc = json.loads((docs / "simulator" / "validation.json").read_text())
+    (new,) = doc["rows"]
+    # BSP on 2 ranks of the homogeneous device: 40 ms + the probe's 20 ms per step, 64 samples, plus the first step
+    assert new["predicted_steady"] == pytest.approx(64 / 0.060, rel=0.01)
+    assert new["predicted"] == pytest.approx(4311 / (2.0 + 4311 / new["predicted_steady"]))
+    assert new["measured"] == 1000.0 and doc["date_utc"] == "2026-11-20 10:00"
+    assert doc["commands"] == ["python -m hetsync.bench.validate --np 2",
+                               "python -m hetsync.bench.validate --repredict --update-docs --docs-dir " + str(docs)]
+    assert "old" not in (docs / "simulator.md").read_text()
+
+
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
     for argv, message in ((["--np", "1"], "world sizes >= 2"), (["--cluster", "2x2"], "HOSTSxSLOTS/RATE"),
