@@ -41,6 +41,8 @@ log = logging.getLogger("hetsync")
 MPI_TAG = 4853
 #: seconds the receive thread sleeps when nothing arrived (it wakes at once for shutdown).
 POLL_S = 0.0005
+#: seconds the receive thread allows one matched message to complete (a sender dying mid-message).
+RECEIVE_TIMEOUT_S = 600.0
 #: default timeout in seconds of :meth:`Dispatcher.recv`, :meth:`Dispatcher.flush` and :meth:`Dispatcher.drain`.
 DEFAULT_TIMEOUT_S = 60.0
 #: seconds :meth:`Dispatcher.recv_or_fail` waits at a time before it looks at its failure channel again.
@@ -137,7 +139,7 @@ class Dispatcher:
             if message is None:
                 return got
             source = status.Get_source()
-            channel, tag, obj = message.recv()
+            channel, tag, obj = self._receive_matched(message)
             with self._cv:  # the route is looked up under the lock, so route() never misses a message
                 handler = None if isinstance(obj, _End) else self._routes.get(channel)
                 if handler is not None:
@@ -153,6 +155,29 @@ class Dispatcher:
                     self._counts[channel]["received"] += 1
                 self._cv.notify_all()
             got += 1
+
+    def _receive_matched(self, message):
+        """The object of a matched message, received without blocking: a large message over a slow link takes
+        long, and while this thread sat in a blocking receive the main thread's sends (a Hop update, a token)
+        waited for it inside MPI; testing every ``poll_s`` leaves MPI free between tests and keeps this rank's
+        own sends progressing.
+
+        Raises:
+            TransportError: the message was not complete after :data:`RECEIVE_TIMEOUT_S` seconds (times the time
+                dilation; its sender died in the middle of it); the receive thread fails, and every waiter sees it.
+        """
+        request = message.irecv()
+        limit_s = world.dilated(RECEIVE_TIMEOUT_S)
+        deadline = time.monotonic() + limit_s
+        while True:
+            done, obj = request.test()
+            if done:
+                return obj
+            if time.monotonic() > deadline:
+                raise TransportError(f"rank {self.rank}: a matched point-to-point message was still incomplete after "
+                                     f"{limit_s:g} s (its sender died or stalled in the middle of it)")
+            self._reap_sends()
+            time.sleep(self.poll_s)
 
     def _reap_sends(self):
         if not self._sends:  # unlocked peek: a send appended meanwhile is reaped next time
