@@ -31,54 +31,14 @@ import time
 from hetsync import world
 from hetsync.errors import TransportError, TransportTimeout
 from hetsync.transport.endpoint import CREATE_TIMEOUT_S, dispatcher, shutdown
+from hetsync.transport.messages import (  # noqa: F401 - re-exported: the dispatcher's message types and constants
+    _END, COUNTERS, DEFAULT_TIMEOUT_S, MPI_TAG, POLL_S, RECEIVE_TIMEOUT_S, WAIT_SLICE_S, Message, _End, _Send,
+    _tag_text, _who)
 
 __all__ = ["Dispatcher", "Message", "TransportTimeout", "TransportError", "dispatcher", "shutdown", "POLL_S",
            "DEFAULT_TIMEOUT_S", "CREATE_TIMEOUT_S", "MPI_TAG", "COUNTERS", "WAIT_SLICE_S"]
 
 log = logging.getLogger("hetsync")
-
-#: MPI tag of every dispatcher message on its communicator (below 32767, the smallest TAG_UB MPI allows).
-MPI_TAG = 4853
-#: seconds the receive thread sleeps when nothing arrived (it wakes at once for shutdown).
-POLL_S = 0.0005
-#: seconds the receive thread allows one matched message to complete (a sender dying mid-message).
-RECEIVE_TIMEOUT_S = 600.0
-#: default timeout in seconds of :meth:`Dispatcher.recv`, :meth:`Dispatcher.flush` and :meth:`Dispatcher.drain`.
-DEFAULT_TIMEOUT_S = 60.0
-#: seconds :meth:`Dispatcher.recv_or_fail` waits at a time before it looks at its failure channel again.
-WAIT_SLICE_S = 0.05
-#: per-channel counters of :meth:`Dispatcher.stats`: messages handed to ``isend``, received by the thread, returned
-#: by ``recv``/``poll``, discarded unread (``drain``, ``shutdown``), and sends not completed when ``shutdown`` gave up.
-COUNTERS = ("sent", "received", "read", "discarded", "undelivered")
-
-
-#: one received message: ``source`` (int rank), ``channel`` (str), ``tag`` (the sender's tag, any
-#: picklable value or None) and ``obj`` (the payload).
-Message = collections.namedtuple("Message", ["source", "channel", "tag", "obj"])
-
-
-class _End:
-    """End-of-channel marker sent by :meth:`Dispatcher.drain` (never returned by ``recv``)."""
-
-    def __eq__(self, other):
-        return isinstance(other, _End)
-
-    def __hash__(self):
-        return 0
-
-
-_END = _End()
-
-#: one tracked send: the MPI request, the destination rank, the channel, the tag, and whether it is an end marker.
-_Send = collections.namedtuple("_Send", ["request", "dest", "channel", "tag", "marker"])
-
-
-def _who(source):
-    return "any rank" if source is None else f"rank {source}"
-
-
-def _tag_text(tag):
-    return "" if tag is None else f" with tag {tag!r}"
 
 
 class Dispatcher:
@@ -157,15 +117,9 @@ class Dispatcher:
             got += 1
 
     def _receive_matched(self, message):
-        """The object of a matched message, received without blocking: a large message over a slow link takes
-        long, and while this thread sat in a blocking receive the main thread's sends (a Hop update, a token)
-        waited for it inside MPI; testing every ``poll_s`` leaves MPI free between tests and keeps this rank's
-        own sends progressing.
-
-        Raises:
-            TransportError: the message was not complete after :data:`RECEIVE_TIMEOUT_S` seconds (times the time
-                dilation; its sender died in the middle of it); the receive thread fails, and every waiter sees it.
-        """
+        """A matched message's object, by ``irecv`` tested every ``poll_s`` (a blocking receive of a large message
+        on a slow link held this rank's own sends inside MPI). Raises TransportError after
+        :data:`RECEIVE_TIMEOUT_S` x D (its sender died mid-message); the thread fails, every waiter sees it."""
         request = message.irecv()
         limit_s = world.dilated(RECEIVE_TIMEOUT_S)
         deadline = time.monotonic() + limit_s

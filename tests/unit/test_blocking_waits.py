@@ -66,12 +66,6 @@ LOOP_WAITS = {"sleep", "wait", "wait_for", "recv", "Test", "take", "dequeue"}  #
 #: (file, enclosing function, call) -> why it cannot hang. The call is the callee's source text, or
 #: "while" for a polling loop. Keep every entry commented with the reason.
 ALLOWLIST = {
-    # The receive thread: the message was already matched by a non-blocking improbe, so its receive
-    # completes at once (MPI's matched-probe semantics); no wait for a peer.
-    ("hetsync/transport/p2p.py", "Dispatcher._receive_available", "message.recv"): "matched probe: completes at once",
-    # The receive thread's sweep: reads what improbe (non-blocking) matched, ends when nothing more arrived.
-    ("hetsync/transport/p2p.py", "Dispatcher._receive_available", "while"): "sweep of arrived messages, ends when "
-                                                                            "improbe matches none",
     # The receive thread's idle loop: it waits for nothing, it sleeps POLL_S between sweeps and ends
     # when shutdown() sets _stop; shutdown joins it with a timeout.
     ("hetsync/transport/p2p.py", "Dispatcher._receive_loop", "while"): "idle loop ended by shutdown (joined with "
