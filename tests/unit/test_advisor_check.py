@@ -47,23 +47,36 @@ def _summary(time_to_target, samples=None, overruns=0.0):
             "fit_wall_s": 30.0, "final_test_accuracy": 0.93, "overrun_fraction": overruns}
 
 
-def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_block(tmp_path, monkeypatch):
+def _offline(monkeypatch):
+    """No launch, the digits set, and the advisor's recorded inputs pinned, so that the choices follow from a
+    test's figures alone."""
     monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail(f"launched {a[0]}"))
     monkeypatch.setattr(launch, "mnist_dir", lambda: None)
     from hetsync.advise import predict
     from hetsync.sim import target
 
-    # the advisor's recorded inputs pinned, so the choices below follow from this test's figures alone
     monkeypatch.setattr(target, "TABLE", {"fedavg": {"se": 0.99, "cells": []}})
     monkeypatch.setattr(predict, "HOST_SHARE", {})
-    out = tmp_path / "c"
-    probe = out / "probes" / "np2" / "bsp-target"
+
+
+def _write_probe(probe, spacing_s, emulated_ms):
+    """A BSP probe's records: two epochs of 20 steps ``spacing_s`` apart on a device of ``emulated_ms``, and a
+    summary where BSP reached the target after 2,874 samples (2 epochs of the digits set's 1,437)."""
     os.makedirs(probe)
-    with open(probe / "rank0.jsonl", "w") as f:  # two epochs of 20 steps, 45 ms apart: 5 ms beyond the device
+    with open(probe / "rank0.jsonl", "w") as f:
         for k in range(40):
-            f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + 0.045 * k, "emulated_ms": 40.0}) + "\n")
-    # BSP reached the target after 2,874 samples: 2 epochs of the digits set's 1,437
+            f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + spacing_s * k,
+                                "emulated_ms": emulated_ms}) + "\n")
     (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0, "samples_to_target": 2874}))
+
+
+def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_block(tmp_path, monkeypatch):
+    _offline(monkeypatch)
+    from hetsync.sim import target
+
+    out = tmp_path / "c"
+    # two epochs of 20 steps, 45 ms apart: 5 ms beyond the device
+    _write_probe(out / "probes" / "np2" / "bsp-target", 0.045, 40.0)
     # homogeneous: BSP best; random: FedAvg (the advisor's choice there) 2x sooner than BSP
     times = {("homogeneous", "bsp"): (10.0, 11.0, 12.0), ("homogeneous", "fedavg"): (10.5, None, 12.5),
              ("random", "bsp"): (40.0, 42.0, 44.0), ("random", "fedavg"): (20.0, 21.0, 30.0)}
@@ -104,21 +117,12 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
 
 def test_a_dilated_check_reads_its_own_folders_divides_host_time_by_d_and_writes_its_own_documents(tmp_path,
                                                                                                    monkeypatch):
-    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail(f"launched {a[0]}"))
-    monkeypatch.setattr(launch, "mnist_dir", lambda: None)
-    from hetsync.advise import predict
+    _offline(monkeypatch)
     from hetsync.bench import validate
-    from hetsync.sim import target
 
-    monkeypatch.setattr(target, "TABLE", {"fedavg": {"se": 0.99, "cells": []}})
-    monkeypatch.setattr(predict, "HOST_SHARE", {})
     out = tmp_path / "c"
     probe = out / "probes" / "np8-d3" / "bsp-target"
-    os.makedirs(probe)
-    with open(probe / "rank0.jsonl", "w") as f:  # at D = 3: 120 ms device steps, 150 ms apart
-        for k in range(40):
-            f.write(json.dumps({"step": k, "epoch": k // 20, "wall_s": 2.0 + 0.150 * k, "emulated_ms": 120.0}) + "\n")
-    (probe / "summary.json").write_text(json.dumps({"samples_per_s": 1000.0, "samples_to_target": 2874}))
+    _write_probe(probe, 0.150, 120.0)  # at D = 3: 120 ms device steps, 150 ms apart
     for proto, t in (("bsp", 30.0), ("fedavg", 20.0)):
         for seed in (1, 2, 3):
             run = out / "runs" / "np8-d3" / "random" / proto / f"seed{seed}"

@@ -157,16 +157,22 @@ def test_server_applies_each_gradient_in_arrival_order_and_counts_others_updates
     assert stats["pushes"] == stats["pulls"] == len(order)
 
 
+def _pushes_in_order(rng, order, size, eta):
+    """Random float32 gradients [size] pushed by the workers in ``order``, each at its next iteration:
+    (the gradients, the push messages)."""
+    grads, clocks, msgs = [], collections.Counter(), []
+    for i in order:
+        grads.append(rng.normal(size=size).astype(np.float32))
+        msgs.append(_push(i, clocks[i], grads[-1], eta=eta))
+        clocks[i] += 1
+    return grads, msgs
+
+
 def test_staleness_aware_rule_divides_eta_by_each_pushs_counter():
     rng = np.random.default_rng(5)
     w0 = rng.normal(size=4).astype(np.float32)
     order = [0, 1, 1, 2, 0, 1, 2, 2, 0]  # counters c_i at the pushes: 0, 1, 0, 3, 3, 2, 2, 0, 3
-    grads, clocks, msgs = [], collections.Counter(), []
-    for i in order:
-        g = rng.normal(size=4).astype(np.float32)
-        grads.append(g)
-        msgs.append(_push(i, clocks[i], g, eta=0.3))
-        clocks[i] += 1
+    grads, msgs = _pushes_in_order(rng, order, 4, eta=0.3)
     p2p = ScriptedP2P(msgs + [_done(0), _done(1), _done(2)])
     stats = ParameterServer(p2p, 0, w0, [0, 1, 2], timeout_s=5, stale_lr="inverse").serve()
     w = w0.copy()
@@ -183,12 +189,7 @@ def test_server_momentum_is_heavy_ball_on_the_pushes_in_arrival_order():
     rng = np.random.default_rng(6)
     w0 = rng.normal(size=3).astype(np.float32)
     order = [0, 1, 1, 0, 2, 2, 0]  # counters c_i at the pushes: 0, 1, 0, 2, 4, 0, 2
-    grads, clocks, msgs = [], collections.Counter(), []
-    for i in order:
-        g = rng.normal(size=3).astype(np.float32)
-        grads.append(g)
-        msgs.append(_push(i, clocks[i], g, eta=0.1))
-        clocks[i] += 1
+    grads, msgs = _pushes_in_order(rng, order, 3, eta=0.1)
     for stale_lr in ("constant", "inverse"):
         p2p = ScriptedP2P(msgs + [_done(0), _done(1), _done(2)])
         stats = ParameterServer(p2p, 0, w0, [0, 1, 2], timeout_s=5, stale_lr=stale_lr, momentum=0.5).serve()
