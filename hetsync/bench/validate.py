@@ -11,8 +11,9 @@ run's ``summary.json`` ``samples_per_s`` (samples over the fit's wall time), and
 inputs never come from the run being predicted: the step times are drawn from the scenario language, and
 what happens outside the device time comes from a separate *probe run* of each protocol (2 epochs,
 ``device:40`` without slowdowns, another seed) at the same world size (:func:`probe_overheads`): the time
-per step beyond the device time, from which the simulator's ``host_ms`` is calibrated so that it reproduces
-the probe (:func:`calibrate_host_ms`), and two fixed costs added to the simulated time of the fit, the first
+per step beyond the device time, from which the simulator is calibrated so that it reproduces the probe
+(:func:`calibrate`: its ``host_ms``, and for Hop across hosts the fraction of the link rate its point-to-point
+messages reach, with the host work set to the probe's time outside its waits), and two fixed costs added to the simulated time of the fit, the first
 step (tracing) and each epoch boundary (:func:`with_fixed_costs`). Runs are long enough that the first step
 (tracing, the compile) is under 5% of the fit: the table reports that share, and the emulation's overrun
 fraction, per run; rows at or above 1% overruns are marked, as the benchmark marks them.
@@ -47,13 +48,13 @@ import time
 from tabulate import tabulate
 
 from hetsync.bench import launch
-from hetsync.bench.simfit import (PROTOCOL_ARGS, TRAIN_SAMPLES, _records, calibrate_host_ms, predict,
+from hetsync.bench.simfit import (PROTOCOL_ARGS, TRAIN_SAMPLES, _records, calibrate, calibrate_host_ms, predict,
                                   probe_overheads, repredict, with_fixed_costs)
 from hetsync.world import DILATION_ENV, parse_dilation
 
 __all__ = ["SCENARIOS", "PROTOCOLS", "PROTOCOL_ARGS", "scenario_spec", "parse_cluster", "cluster_label", "predict",
            "run_one",
-           "main", "BEGIN", "END", "probe_overheads", "calibrate_host_ms", "with_fixed_costs",
+           "main", "BEGIN", "END", "probe_overheads", "calibrate", "calibrate_host_ms", "with_fixed_costs",
            "TRAIN_SAMPLES", "parse_selection", "write_docs", "parse_dilations", "merge_rows", "recorded_with",
            "repredict"]
 
@@ -392,13 +393,14 @@ def main(argv=None):
                 failed += 1
                 continue
             try:
-                over["host_ms"] = calibrate_host_ms(proto, n, over, cluster=cluster, dilation=dil)
+                over.update(calibrate(proto, n, over, cluster=cluster, dilation=dil))
             except Exception as exc:  # noqa: BLE001 - no model yet: the measured cycle as it is
                 print(f"probe {proto} {where}: not calibrated ({exc})", file=sys.stderr)
-                over["host_ms"] = over["cycle_ms"]
+                over.update(host_ms=over["cycle_ms"], p2p_efficiency=1.0)
             host[proto] = over
             print(f"probe {proto} {where}: {over['cycle_ms']:.1f} ms per step beyond the device time (median step "
-                  f"{over['host_ms_median']:.1f}), simulator host_ms {over['host_ms']:.1f}, first step "
+                  f"{over['host_ms_median']:.1f}, waits {over['wait_ms']:.1f}), simulator host_ms "
+                  f"{over['host_ms']:.1f} and p2p efficiency {over['p2p_efficiency']:.3f}, first step "
                   f"{over['first_step_s']:.2f} s, epoch boundary {over['boundary_s']:.2f} s", flush=True)
         for sname in scenarios:
             spec = scenario_spec(sname, n)
@@ -412,7 +414,8 @@ def main(argv=None):
                     continue
                 try:
                     guess = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                    seed=args.seed + 7, cluster=cluster, dilation=dil)
+                                    seed=args.seed + 7, cluster=cluster, dilation=dil,
+                                    p2p_efficiency=host[proto]["p2p_efficiency"])
                 except Exception as exc:  # noqa: BLE001 - no model yet: size the run by BSP's
                     print(f"no prediction for {proto} ({exc}); sizing the run by BSP's", file=sys.stderr)
                     guess = predict("bsp", spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
@@ -428,7 +431,8 @@ def main(argv=None):
                 epochs = summ.get("epochs") or epochs
                 try:
                     pred = predict(proto, spec, n, host[proto]["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
-                                   seed=args.seed, samples_per_epoch=train_samples, cluster=cluster, dilation=dil)
+                                   seed=args.seed, samples_per_epoch=train_samples, cluster=cluster, dilation=dil,
+                                   p2p_efficiency=host[proto]["p2p_efficiency"])
                 except Exception as exc:  # noqa: BLE001 - keep the run; predict again on a rerun
                     print(f"no prediction for {proto} {where} {sname}: {exc}", file=sys.stderr)
                     continue

@@ -36,9 +36,9 @@ the host's per-step work, following :mod:`hetsync.protocols.hop.protocol` and ``
   out-neighbour (ACK(-1) implicit); send at W_i(k); wait for all ``|N_in(i)|`` updates of k; send ACK(k) to the
   in-neighbours at D_i(k) = S_i(k + 1).
 * **Links**: an update of m = ``model_bytes`` bytes occupies its sender m / beta and arrives alpha later
-  (:meth:`hetsync.sim.network.Network.path`); a rank's updates leave one after another (FIFO). A host's link
-  is shared: between hosts beta = min(B_src / c_src, B_dst / c_dst), c its ranks sending (receiving) across
-  hosts (fair share while they send together; pessimistic while the others idle). Tokens and ACKs
+  (:meth:`hetsync.sim.network.Network.p2p_path`); a rank's updates leave one after another (FIFO). A host's link
+  is shared: between hosts beta = eta min(B_src / c_src, B_dst / c_dst), c its ranks sending (receiving) across hosts
+  (fair share while they send together; pessimistic while the others idle), eta the ``p2p_efficiency``. Tokens and ACKs
   (:data:`TOKEN_BYTES`) do not queue. Window: until the first rank ends iteration K - 1.
 * **Computation**: without skipping, a recurrence vectorized over ranks ([n, d_max] arrivals padded with
   -inf; backup: ``np.partition``), equal to :func:`simulate` at zero cost. With ``skip``, a heap-based
@@ -207,7 +207,7 @@ def link_model(graph, net, model_bytes, token_bytes=TOKEN_BYTES):
     if net.size != n:
         raise ValueError(f"the Hop graph has {n} ranks but the network has {net.size}")
     host = np.array([net.host_of(r) for r in range(n)], np.int64)
-    link = np.array(net.link_bytes_per_s, np.float64)
+    link = np.array(net.link_bytes_per_s, np.float64) * net.p2p_efficiency  # the rate p2p messages reach
     outdeg = np.array([len(o) for o in graph.out_neighbours], np.int64)
     do = max(1, int(outdeg.max()))
     di = max(1, max(len(o) for o in graph.in_neighbours))

@@ -4,7 +4,9 @@ A message of ``m`` bytes between two ranks takes ``alpha + m / beta`` seconds (H
 ``alpha`` is the per-message latency (seconds) and ``beta`` the bandwidth (bytes per second) of the
 slowest hop. Ranks on the same host talk through shared memory (``local_alpha_s``, ``local_bytes_per_s``);
 ranks on different hosts cross both hosts' links to the switch, so the path's bandwidth is the smaller
-of the two link rates. The hosts are written in the cluster tool's syntax (``4x2``: 4 hosts of 2 slots;
+of the two link rates; a point-to-point message between hosts (Hop's updates, a parameter server's shards) gets
+``p2p_efficiency`` times that rate (1 by default; calibrated from a probe where the transport reaches less).
+The hosts are written in the cluster tool's syntax (``4x2``: 4 hosts of 2 slots;
 ``h0:2,h1:2,h2:1``), link rates in ``tc``'s units (``10gbit``), as ``hetsync-cluster`` takes them
 (:mod:`hetsync.emulation.cluster.spec`); ranks are placed on hosts in order, filling each host's slots
 (``mpirun -H h0:2,h1:2``: ranks 0, 1 on h0, ranks 2, 3 on h1).
@@ -86,6 +88,11 @@ class Network:
         alpha_s: float >= 0, one-way latency of a message between hosts (seconds).
         local_alpha_s, local_bytes_per_s: latency (seconds) and bandwidth (bytes per second) within a host.
         overhead_s: float >= 0, fixed cost of each collective (seconds).
+        p2p_efficiency: float in (0, 1], the fraction of a link's rate that point-to-point messages between hosts
+            achieve (:meth:`p2p_path`): 1 is the alpha-beta ideal; an MPI transport that pickles each message and
+            crosses a rate-limited link (TCP's window, the rendezvous handshake of a large message) reaches less.
+            Collectives keep the full rate (a ring allreduce pipelines its segments). The validation calibrates
+            it from a probe (:func:`hetsync.bench.simfit.calibrate_p2p_efficiency`).
     """
 
     slots: tuple
@@ -94,6 +101,7 @@ class Network:
     local_alpha_s: float = DEFAULT_LOCAL_ALPHA_S
     local_bytes_per_s: float = DEFAULT_LOCAL_BYTES_PER_S
     overhead_s: float = DEFAULT_OVERHEAD_S
+    p2p_efficiency: float = 1.0
 
     def __post_init__(self):
         if len(self.slots) != len(self.link_bytes_per_s) or not self.slots:
@@ -106,10 +114,14 @@ class Network:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
+        if not (0.0 < self.p2p_efficiency <= 1.0):
+            raise ValueError(f"p2p_efficiency must be in (0, 1] (a fraction of the link rate), got "
+                             f"{self.p2p_efficiency!r}")
         object.__setattr__(self, "_host", tuple(h for h, s in enumerate(self.slots) for _ in range(s)))
 
     @classmethod
-    def from_spec(cls, np_, hosts=None, link="10gbit", host_links=(), latency_ms=None, overhead_ms=None):
+    def from_spec(cls, np_, hosts=None, link="10gbit", host_links=(), latency_ms=None, overhead_ms=None,
+                  p2p_efficiency=1.0):
         """Build the model from the cluster tool's arguments.
 
         Args:
@@ -120,6 +132,7 @@ class Network:
                 hosts named ``h0..h<N-1>`` in order).
             latency_ms: float >= 0 or None, one-way latency between hosts in milliseconds (None: 0.025 ms).
             overhead_ms: float >= 0 or None, fixed cost per collective in milliseconds (None: 0.5 ms).
+            p2p_efficiency: float in (0, 1], the fraction of the link rate point-to-point messages achieve.
 
         Returns:
             Network.
@@ -140,7 +153,7 @@ class Network:
             if host not in names:
                 raise ValueError(f"host link {host}={r}: no host {host!r}; the hosts are {', '.join(names)}")
             rates[names.index(host)] = _cluster_spec.parse_rate(r) / 8.0
-        kw = {}
+        kw = {"p2p_efficiency": float(p2p_efficiency)}
         if latency_ms is not None:
             kw["alpha_s"] = float(latency_ms) / 1e3
         if overhead_ms is not None:
@@ -168,9 +181,16 @@ class Network:
             return self.local_alpha_s, self.local_bytes_per_s
         return self.alpha_s, min(self.link_bytes_per_s[hs], self.link_bytes_per_s[hd])
 
-    def p2p_s(self, nbytes, src, dst):
-        """Seconds (float) for one message of ``nbytes`` (int >= 0) from rank ``src`` to rank ``dst``: alpha + m / beta."""
+    def p2p_path(self, src, dst):
+        """``(alpha_s, bytes_per_s)`` of a point-to-point message from rank ``src`` to rank ``dst`` (ints): the
+        :meth:`path`, its rate times ``p2p_efficiency`` between hosts."""
         a, b = self.path(src, dst)
+        return (a, b) if self._host[src] == self._host[dst] else (a, b * self.p2p_efficiency)
+
+    def p2p_s(self, nbytes, src, dst):
+        """Seconds (float) for one point-to-point message of ``nbytes`` (int >= 0) from rank ``src`` to rank
+        ``dst``: alpha + m / beta on the :meth:`p2p_path`."""
+        a, b = self.p2p_path(src, dst)
         return a + nbytes / b
 
     def ring(self, ranks=None):
@@ -206,4 +226,4 @@ class Network:
         return {"hosts": self.hosts, "slots": list(self.slots),
                 "link_gbit_s": [None if math.isinf(b) else b * 8 / 1e9 for b in self.link_bytes_per_s],
                 "alpha_ms": self.alpha_s * 1e3, "overhead_ms": self.overhead_s * 1e3,
-                "local_gbyte_s": self.local_bytes_per_s / 1e9}
+                "local_gbyte_s": self.local_bytes_per_s / 1e9, "p2p_efficiency": self.p2p_efficiency}

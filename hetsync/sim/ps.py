@@ -190,7 +190,7 @@ def simulate(times, net, work, protocol="asp", **config):
 
     # -- static tables (milliseconds) ------------------------------------------------------------------
     hosts = [net.host_of(r) for r in range(n + K)]
-    rate = list(net.link_bytes_per_s)
+    rate = [r * net.p2p_efficiency for r in net.link_bytes_per_s]  # point-to-point shards
     w_host = hosts[:n]
     s_host = hosts[n:]
     alpha_ms = net.alpha_s * 1e3

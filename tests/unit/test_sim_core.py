@@ -27,6 +27,19 @@ def test_ring_allreduce_time_is_the_alpha_beta_formula():
     assert net.p2p_s(1000, 0, 2) == pytest.approx(1e-4 + 1000 / beta)
 
 
+def test_point_to_point_messages_between_hosts_reach_the_efficiency_times_the_rate():
+    net = network.Network.from_spec(8, hosts="4x2", link="10gbit", latency_ms=0.1, overhead_ms=1.0,
+                                    p2p_efficiency=0.5)
+    full = network.Network.from_spec(8, hosts="4x2", link="10gbit", latency_ms=0.1, overhead_ms=1.0)
+    beta = 10e9 / 8
+    assert net.p2p_s(1000, 0, 2) == pytest.approx(1e-4 + 1000 / (0.5 * beta))
+    assert net.p2p_s(1000, 0, 1) == full.p2p_s(1000, 0, 1)  # shared memory within a host
+    assert net.allreduce_s(7_500_000) == full.allreduce_s(7_500_000)  # collectives keep the full rate
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="p2p_efficiency"):
+            network.Network.from_spec(4, hosts="2x2", p2p_efficiency=bad)
+
+
 def test_hosts_syntax_and_bad_input():
     assert network.parse_hosts("h0:2,h1:2,h2:1") == (2, 2, 1)
     assert network.parse_hosts("3x4") == (4, 4, 4)

@@ -90,6 +90,12 @@ def test_a_slow_shared_link_paces_hop_at_the_senders_occupancy():
     assert sorted(links["svc_ms"][0]) == pytest.approx(sorted([remote, local]))
     r = hop.simulate_cluster(_const(n, K, 1.0), net, workload.Workload(m, b), protocol="hop", max_ig=2)
     assert r.samples_per_s == pytest.approx(n * b / (remote + local) * 1e3, rel=0.02)
+    # messages that reach 0.6 of the link's rate occupy the sender 1 / 0.6 as long between hosts, not within one
+    slow = network.Network.from_spec(n, "2x2", "100mbit", p2p_efficiency=0.6)
+    assert sorted(hop.link_model(hop_graph.build("ring", n), slow, m)["svc_ms"][0]) == pytest.approx(
+        sorted([remote / 0.6, local]))
+    r = hop.simulate_cluster(_const(n, K, 1.0), slow, workload.Workload(m, b), protocol="hop", max_ig=2)
+    assert r.samples_per_s == pytest.approx(n * b / (remote / 0.6 + local) * 1e3, rel=0.02)
 
 
 def test_a_deterministic_straggler_bounds_standard_hop_but_not_backup_workers():

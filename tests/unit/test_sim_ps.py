@@ -41,6 +41,11 @@ def test_one_worker_pays_one_push_and_one_pull_alpha_beta():
     assert r.samples_per_s == pytest.approx(B / (step_ms / 1e3), rel=1e-9)
     assert r.wait_s[0] == pytest.approx(50 * (step_ms - 22.0) / 1e3, rel=1e-9)
     assert r.extra["server_link_in_utilisation"][0] == pytest.approx((m / rate * 1e3) / step_ms, rel=1e-6)
+    # pushes and pulls are point-to-point: at half the link's rate each transfer takes twice as long
+    half = ps.simulate(StepTimes(np.full((50, 1), 20.0)), Network((1, 1), (rate, rate), alpha_s=alpha,
+                                                                   p2p_efficiency=0.5), Workload(m, B, 2.0),
+                       protocol="asp")
+    assert half.samples_per_s == pytest.approx(B / ((22.0 + 2 * (alpha * 1e3 + 2 * m / rate * 1e3)) / 1e3), rel=1e-9)
 
 
 def test_many_fast_workers_saturate_one_slow_server_link():

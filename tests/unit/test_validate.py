@@ -9,9 +9,9 @@ import pytest
 from hetsync.bench import launch, validate
 
 
-def _write_records(folder, rank, steps_per_epoch, epochs, cycle_ms, device_ms, first_s, gap_s):
+def _write_records(folder, rank, steps_per_epoch, epochs, cycle_ms, device_ms, first_s, gap_s, wait_ms=0.0):
     """Step records whose wall clock advances cycle_ms + device_ms per step, first step ending at first_s, an
-    extra gap_s before epoch 1's first step."""
+    extra gap_s before epoch 1's first step; each step waited wait_ms on the protocol's exchanges."""
     os.makedirs(folder, exist_ok=True)
     t = first_s
     with open(os.path.join(folder, f"rank{rank}.jsonl"), "w") as f:
@@ -20,14 +20,15 @@ def _write_records(folder, rank, steps_per_epoch, epochs, cycle_ms, device_ms, f
                 if not (e == 0 and k == 0):
                     t += (cycle_ms + device_ms) / 1e3 + (gap_s if (e == 1 and k == 0) else 0.0)
                 f.write(json.dumps({"step": e * steps_per_epoch + k, "epoch": e, "wall_s": t,
-                                    "emulated_ms": device_ms}) + "\n")
+                                    "emulated_ms": device_ms, "sync_wait_ms": wait_ms}) + "\n")
 
 
 def test_probe_overheads_from_step_records_in_closed_form(tmp_path):
     for r in range(2):
-        _write_records(tmp_path, r, 10, 3, cycle_ms=6.0 + r, device_ms=40.0, first_s=2.0, gap_s=0.5)
+        _write_records(tmp_path, r, 10, 3, cycle_ms=6.0 + r, device_ms=40.0, first_s=2.0, gap_s=0.5, wait_ms=2.0 * r)
     over = validate.probe_overheads(str(tmp_path))
     assert over["cycle_ms"] == pytest.approx(6.5)  # the mean over ranks of 6 and 7 ms beyond the device time
+    assert over["wait_ms"] == pytest.approx(1.0)  # the mean over ranks of 0 and 2 ms of waits per step
     assert over["host_ms_median"] == pytest.approx(6.5)
     assert over["first_step_s"] == pytest.approx(2.0)
     assert over["boundary_s"] == pytest.approx(0.5)
@@ -87,6 +88,29 @@ def test_the_calibrated_host_time_makes_the_simulated_probe_as_slow_as_the_measu
     assert 0.0 < host <= 120.0
     # a probe no slower than the simulator with no host work needs none
     assert validate.calibrate_host_ms(protocol, 4, {"cycle_ms": 0.0}, steps=200, cluster=spec, dilation=d) == 0.0
+
+
+def test_hop_across_hosts_is_calibrated_on_its_waits_and_the_rate_its_messages_reach():
+    from hetsync.sim import workload
+
+    spec = validate.parse_cluster("2x2/100mbit@3")
+    # Hop's probe on 2 hosts: 133.5 wall ms per step beyond the device time, 129 of them waiting for updates
+    probe = {"cycle_ms": 133.5, "wait_ms": 129.0}
+    fit = validate.calibrate("hop", 4, probe, steps=200, cluster=spec, dilation=3.0)
+    assert fit["host_ms"] == pytest.approx(4.5) and 0.5 < fit["p2p_efficiency"] < 1.0
+    res = validate.predict("hop", "device:40", 4, fit["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32, steps=200,
+                           cluster=spec, dilation=3.0, p2p_efficiency=fit["p2p_efficiency"])
+    assert 4 * 32 / res.samples_per_s * 1e3 == pytest.approx(40.0 + 133.5 / 3.0, rel=0.01)
+    # a straggler 4x slow (160 ms) hides the slower links: its step sets the pace, not host work on every step
+    slow = validate.predict("hop", "device:40+deterministic:3:4", 4, fit["host_ms"], workload.EXAMPLE_MODEL_BYTES, 32,
+                            steps=200, cluster=spec, dilation=3.0, p2p_efficiency=fit["p2p_efficiency"])
+    assert 4 * 32 / slow.samples_per_s * 1e3 == pytest.approx(160.0 + 4.5 / 3.0, rel=0.02)
+    # host work only: on one host, for a protocol of collectives, or for a probe that records no waits
+    for proto, cluster, over in (("hop", None, probe), ("bsp", spec, probe), ("hop", spec, {"cycle_ms": 133.5})):
+        fit = validate.calibrate(proto, 4, over, steps=200, cluster=cluster, dilation=3.0)
+        assert fit["p2p_efficiency"] == 1.0
+        assert fit["host_ms"] == pytest.approx(validate.calibrate_host_ms(proto, 4, over, steps=200, cluster=cluster,
+                                                                          dilation=3.0))
 
 
 def test_a_cluster_run_is_launched_through_the_cluster_tool(tmp_path, monkeypatch):
