@@ -107,12 +107,16 @@ REGISTER_OP("HetsyncGradCachePublish")
     .Input("cache: resource")
     .Input("reduced: float")
     .Input("round_id: int64")
+    .Attr("accumulate: bool = false")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
 Publishes an allreduced [sum_r w_r g'_r..., sum_r w_r] (float32 [total + 1])
 as the result of round `round_id` (strictly increasing): the stored result is
-the first `total` values divided by the last (must be > 0).
+the first `total` values divided by the last (must be > 0). With `accumulate`,
+a stored result that no ReadOp has returned yet is combined with this one as
+sums (values (W_old x_old + S) / (W_old + W), weight sum W_old + W), so a step
+that reads after several rounds gets all of them.
 )doc");
 
 REGISTER_OP("HetsyncGradCacheWait")
@@ -347,7 +351,9 @@ class GradCacheTakeOp : public OpKernel {
 // Communication side: publish an allreduced [sum_r w_r g_r..., sum_r w_r] with its round id.
 class GradCachePublishOp : public OpKernel {
  public:
-  explicit GradCachePublishOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit GradCachePublishOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulate", &accumulate_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const char* op = "HetsyncGradCachePublish";
@@ -385,11 +391,29 @@ class GradCachePublishOp : public OpKernel {
     OP_REQUIRES(ctx, round > c[GradCache::kNewestRound],
                 errors::InvalidArgument("HetsyncGradCachePublish: round ids must increase; got ",
                                         round, " after ", c[GradCache::kNewestRound]));
+    float weight_sum = w;
+    if (accumulate_ && !cache->result.empty() &&
+        c[GradCache::kNewestRound] > c[GradCache::kLastReadRound]) {
+      // The unread result joins this one as sums. New tensors: a stored result may be shared
+      // with a reader's output, and published results are never mutated.
+      const float w_old = cache->result_weight_sum;
+      weight_sum = w_old + w;
+      const float a = w_old / weight_sum, b = w / weight_sum;
+      for (size_t i = 0; i < result.size(); ++i) {
+        float* dst = result[i].flat<float>().data();
+        const float* old = cache->result[i].flat<float>().data();
+        const int64_t n = result[i].NumElements();
+        for (int64_t x = 0; x < n; ++x) dst[x] = a * old[x] + b * dst[x];
+      }
+    }
     cache->result = std::move(result);
-    cache->result_weight_sum = w;
+    cache->result_weight_sum = weight_sum;
     c[GradCache::kNewestRound] = round;
     ++c[GradCache::kPublished];
   }
+
+ private:
+  bool accumulate_ = false;
 };
 
 // Communication side: wait up to timeout_ms for a pending gradient (never call in a step).

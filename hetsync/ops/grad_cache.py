@@ -142,19 +142,24 @@ def grad_cache_take(cache):
     return lib.hetsync_grad_cache_take(cache)
 
 
-def grad_cache_publish(cache, reduced, round_id):
+def grad_cache_publish(cache, reduced, round_id, accumulate=False):
     """Communication side: publish an allreduced ``[sum_r w_r g'_r ..., sum_r w_r]`` as round ``round_id``.
 
     Args:
         cache: handle. reduced: float32 [total + 1] (the horovod sum of every rank's
             :func:`grad_cache_take` output; Algorithm 2 divides by the last value, W = 1/sum w).
         round_id: int >= 0, strictly larger than every earlier published round.
+        accumulate: bool; False (Algorithm 2) replaces a result no ReadOp has returned yet, True combines it
+            with this one as sums (the stored result becomes ``(W_old x_old + S) / (W_old + W)`` with weight sum
+            ``W_old + W``), so a step that reads after several rounds gets every one of them (RNA's
+            ``update_rule="samples"``).
 
     Raises:
         tf.errors.InvalidArgumentError: wrong length, sum of weights <= 0, or non-increasing round id.
     """
     lib = load_library()
-    lib.hetsync_grad_cache_publish(cache, tf.cast(reduced, tf.float32), tf.cast(round_id, tf.int64))
+    lib.hetsync_grad_cache_publish(cache, tf.cast(reduced, tf.float32), tf.cast(round_id, tf.int64),
+                                   accumulate=bool(accumulate))
 
 
 def grad_cache_wait(cache, timeout_ms):

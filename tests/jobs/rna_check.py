@@ -12,6 +12,8 @@ MODE:
   straggler  every rank 100 steps, ``deterministic:3:20`` (rank 3 is 20x slower); rank 3 also
              sleeps 60 ms after each step, so its steps outlast a round (a step of this one-weight
              model computes in well under 1 ms, and 20x that can be shorter than a round).
+  samples    as straggler, with ``update_rule="samples"``, no parameter average and none at the end: every
+             rank's final weight is -lr / n times the sum of the gradients of the rounds it read.
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
   stall      rank 2 stops stepping after its 10th step until its communication thread has ended
              (at most 60 s) while the others run 60 steps; finish_timeout_s=3, so the controller
@@ -53,11 +55,11 @@ class Observer:
         self.log.append({"w": float(flat.numpy()[-1]), "g": float(flat.numpy()[0]), "its": its.numpy().tolist()})
         return flat, its, newest
 
-    def grad_cache_publish(self, cache, reduced, round_id):
+    def grad_cache_publish(self, cache, reduced, round_id, accumulate=False):
         if cache is proto._cache:
             r = np.asarray(reduced)
             self.log[-1].update(round=int(round_id), sum_wg=float(r[0]), sum_w=float(r[-1]))
-        return self.real.grad_cache_publish(cache, reduced, round_id)
+        return self.real.grad_cache_publish(cache, reduced, round_id, accumulate=accumulate)
 
 
 observer = Observer(rna_module.ops)
@@ -66,8 +68,10 @@ rna_module.ops = observer
 kwargs = {"probes": 2, "max_staleness": 3, "average_every": 5}
 steps = 100
 spec = "none"
-if mode == "straggler":
+if mode in ("straggler", "samples"):
     spec = "deterministic:3:20"
+    if mode == "samples":
+        kwargs.update(update_rule="samples", average_every=0, drift_every=0, average_at_end=False)
 elif mode == "uneven":
     steps = 40 + 40 * rank
 elif mode == "stall":
@@ -77,14 +81,14 @@ elif mode == "stuck":
     steps = 30
     kwargs.update(finish_timeout_s=2.0, timeout_s=4.0)
 else:
-    raise SystemExit(f"unknown mode {mode!r}; use straggler, uneven, stall or stuck")
+    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, uneven, stall or stuck")
 
 
 class Stall(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if mode == "stall" and rank == 2 and batch == 9:
             proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
-        if mode == "straggler" and rank == 3:
+        if mode in ("straggler", "samples") and rank == 3:
             time.sleep(0.06)
 
 

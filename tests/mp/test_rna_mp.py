@@ -57,6 +57,38 @@ def test_rounds_average_exactly_the_contributors_and_a_straggler_contributes_wei
     assert s["drift_before_final_average"] > 0.0
 
 
+def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp_path):
+    out = tmp_path / "samples.json"
+    launch(4, ["tests/jobs/rna_check.py", "samples", str(out)], timeout=240)
+    r = read_json(out)
+    n, lr = r["n"], 0.01
+    by_round = {}
+    for rk in r["ranks"]:
+        for e in rk["log"]:
+            by_round.setdefault(e["round"], {})[rk["rank"]] = e
+    sums = []
+    for rid in sorted(by_round):
+        entries = by_round[rid]
+        assert sorted(entries) == list(range(n))
+        # each contributor's weight is the number of gradients it took; its g' is its constant c_r
+        want_w = sum(len(e["its"]) for e in entries.values())
+        want_wg = sum(len(e["its"]) * (i + 1) for i, e in entries.items())
+        for e in entries.values():
+            assert e["sum_w"] == want_w and abs(e["sum_wg"] - want_wg) < 1e-4
+        sums.append(want_wg)
+    assert r["stats"]["contributors_unit"] == "gradients"
+    missed = sum(1 for entries in by_round.values() if not entries[3]["its"])
+    assert missed >= 1  # the straggler missed rounds
+    prefix = [sum(sums[:k]) for k in range(len(sums) + 1)]
+    for rk in r["ranks"]:
+        # no local step and no average: the weight is -lr / n x the sum of the gradients of the rounds read so
+        # far, every one of them once (a round published after the rank's last step is not applied)
+        applied = -rk["w_final"] * n / lr
+        assert min(abs(applied - p) for p in prefix) < 1e-3 * max(1.0, applied), (rk["rank"], applied, prefix[-5:])
+    for pr in r["stats"]["per_rank"]:
+        assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
+
+
 def test_ranks_with_different_step_counts_end_cleanly(tmp_path):
     out = tmp_path / "uneven.json"
     launch(4, ["tests/jobs/rna_check.py", "uneven", str(out)], timeout=240)

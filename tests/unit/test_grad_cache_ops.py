@@ -111,6 +111,28 @@ def test_read_returns_local_until_a_result_is_published_then_fresh_once_by_round
     assert (st["published"], st["fresh_reads"], st["newest_round"], st["last_read_round"]) == (3, 2, 6, 6)
 
 
+def test_accumulating_publications_sum_the_rounds_no_step_has_read():
+    cache = ops.grad_cache_create(SHAPES, max_staleness=2)
+    local = const(5.0)
+    # round 0 read at once; rounds 1, 2, 3 published before the next read: their sums S and weights W add up
+    ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 3.0), 3.0).astype(np.float32), 0, accumulate=True)
+    outs, fresh, rid, wsum = ops.grad_cache_read(cache, local, 0)
+    assert bool(fresh) and int(rid) == 0 and float(wsum) == 3.0 and outs[0].numpy().tolist() == [1.0] * 3
+    for r, (total, w) in enumerate(((2.0, 1.0), (8.0, 2.0), (6.0, 3.0)), start=1):
+        ops.grad_cache_publish(cache, np.append(np.full(TOTAL, total), w).astype(np.float32), r, accumulate=True)
+    outs, fresh, rid, wsum = ops.grad_cache_read(cache, local, 1)
+    # (2 + 8 + 6) / (1 + 2 + 3): the mean over the three rounds' gradients, weight sum 6
+    assert bool(fresh) and int(rid) == 3 and float(wsum) == 6.0
+    np.testing.assert_allclose(np.concatenate([o.numpy().ravel() for o in outs]), np.full(TOTAL, 16.0 / 6.0),
+                               rtol=1e-6)
+    # read, then published again: a fresh start, not added to what was read
+    ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 4.0), 4.0).astype(np.float32), 4, accumulate=True)
+    outs, fresh, rid, wsum = ops.grad_cache_read(cache, local, 2)
+    assert bool(fresh) and float(wsum) == 4.0 and outs[0].numpy().tolist() == [1.0] * 3
+    # the first read's outputs were not changed by the later publications
+    assert float(ops.grad_cache_status(cache)["published"]) == 5
+
+
 def test_bad_inputs_fail_clearly():
     cache = ops.grad_cache_create(SHAPES, max_staleness=1)
     ops.grad_cache_write(cache, const(1.0), 5)

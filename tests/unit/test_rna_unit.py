@@ -26,6 +26,8 @@ def init():
     ({"timeout_s": 0}, "RNA: timeout_s must be a number > 0 (seconds), got 0"),
     ({"finish_timeout_s": -3}, "RNA: finish_timeout_s must be a number > 0 (seconds), got -3"),
     ({"poll_ms": float("nan")}, "RNA: poll_ms must be a number > 0 (milliseconds), got nan"),
+    ({"update_rule": "sum"}, "RNA: update_rule must be one of"),
+    ({"update_rule": "samples", "scale_lr": True}, "use it with scale_lr=False"),
 ])
 def test_bad_arguments_fail_at_wrap_time(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -39,9 +41,10 @@ def test_cli_arguments_are_checked_against_the_signature():
         hetsync.protocols.parse_protocol_args("rna", ["probe=1"])
 
 
-def _step_setup(scale_lr, average_every=0):
+def _step_setup(scale_lr, average_every=0, update_rule="paper"):
     v = keras.Variable(np.zeros(3, np.float32))
-    opt = hetsync.RNA(keras.optimizers.SGD(0.5), scale_lr=scale_lr, average_every=average_every, drift_every=0)
+    opt = hetsync.RNA(keras.optimizers.SGD(0.5), scale_lr=scale_lr, average_every=average_every, drift_every=0,
+                      update_rule=update_rule)
     opt.build([v])
     proto = opt.hetsync_protocol
     proto._create_caches()  # what start() does, without the communication thread
@@ -65,6 +68,27 @@ def test_step_applies_the_fresh_result_scaled_by_the_weight_sum_then_local_gradi
     assert st["rna_fresh"] == 0.0 and st["rna_round"] == 0.0 and st["rna_contributors"] == 1.0
     s = ops.grad_cache_status(proto._cache)
     assert s["written"] == 3 and s["pending"] == 3 and s["fresh_reads"] == 1  # max_staleness 4: nothing dropped
+
+
+def test_the_samples_rule_applies_every_gradient_once_and_takes_no_local_step():
+    v, opt, proto = _step_setup(False, update_rule="samples")
+    step = tf.function(lambda g: opt.apply([g], [v]))
+    step(tf.constant([1.0, 1.0, 1.0]))  # no result yet: no local step
+    np.testing.assert_allclose(v.numpy(), [0.0] * 3)
+    assert int(opt.iterations.numpy()) == 0
+    # 3 gradients summing to [3, 6, 9] (weights 3): the update is lr x sum / n with n = 1 rank here
+    ops.grad_cache_publish(proto._cache, np.array([3.0, 6.0, 9.0, 3.0], np.float32), 0, accumulate=True)
+    step(tf.constant([1.0, 1.0, 1.0]))
+    np.testing.assert_allclose(v.numpy(), [-1.5, -3.0, -4.5], rtol=1e-6)
+    # two rounds before the next step (sums [1, 1, 1] and [2, 0, 4]): both are applied, once
+    ops.grad_cache_publish(proto._cache, np.array([1.0, 1.0, 1.0, 1.0], np.float32), 1, accumulate=True)
+    ops.grad_cache_publish(proto._cache, np.array([2.0, 0.0, 4.0, 2.0], np.float32), 2, accumulate=True)
+    step(tf.constant([7.0, 7.0, 7.0]))
+    np.testing.assert_allclose(v.numpy(), [-3.0, -3.5, -7.0], rtol=1e-6)
+    step(tf.constant([7.0, 7.0, 7.0]))  # nothing new: unchanged
+    np.testing.assert_allclose(v.numpy(), [-3.0, -3.5, -7.0], rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 2  # the wrapped optimizer stepped only on the two fresh results
+    assert proto.step_stats()["rna_fresh"] == 0.0
 
 
 def test_parameter_average_correction_is_added_once():

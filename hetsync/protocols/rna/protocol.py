@@ -26,6 +26,12 @@ How one rank works
   gradient, averaged or local, uses the optimizer's rate unchanged: a rate set as horovod's
   "lr x world size" then drives every local step too (n times a single worker's rate on b samples),
   which diverged in our measurements; use ``scale_lr=True`` with the single-worker rate instead.
+* **Update rule** (``update_rule``): ``"paper"`` is the above (Algorithm 2). ``"samples"`` applies every
+  gradient once on every replica, as BSP does: rank i's weight in a round is the number m_i of gradients it
+  contributes (``[m_i g'_i, m_i]``), the result is scaled by sum(w) / n, so a round applies
+  gamma / n x (the sum of its gradients) (BSP's step when every rank contributes one), results the step has not
+  read yet are summed (:func:`hetsync.ops.grad_cache_publish` with ``accumulate``), and a step without a fresh
+  result applies nothing: a rank's own gradient is never applied locally and again inside a later round.
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
   drift apart like a random walk. The communication thread measures the drift, the largest L2
@@ -82,6 +88,14 @@ class RNAConfig(ProtocolConfig):
                                unit="local iterations")
     scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
                                   "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
+    update_rule: typing.Literal["paper", "samples"] = param(
+        "paper", "str, what a step applies. ``\"paper\"`` (Algorithm 2): the newest round's average "
+                 "sum_r w_r g'_r / sum_r w_r with w_r = 1 per contributing rank, else the step's own gradients. "
+                 "``\"samples\"``: every gradient once on every replica at the learning rate over the world size, "
+                 "as BSP applies it: w_r is the number of gradients rank r contributes, the applied result is "
+                 "scaled by sum(w) / n, the rounds a step has not read yet are summed, and a step without a "
+                 "fresh result leaves the parameters alone (no local step, so no gradient is applied twice). "
+                 "Use it with the learning rate BSP uses; not with ``scale_lr``.")
     average_every: int = param(10, "int >= 0; average the parameters (with the model's float32 non-trainable state, "
                                    "e.g. BatchNormalization statistics) over the active ranks every that many rounds "
                                    "(0: never). Every 10 rounds keeps the drift small at the cost of one "
@@ -141,6 +155,9 @@ class RNAProtocol(Protocol):
         """Check ``probes`` against the world size; create the statistics, the iteration counter and the
         critical section shared by the step's update and the communication thread's snapshot."""
         n = world.size()
+        if self.cfg.update_rule == "samples" and self.cfg.scale_lr:
+            raise ValueError("RNA: update_rule='samples' scales each result by sum(w) / n itself; use it with "
+                             "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
@@ -253,8 +270,11 @@ class RNAProtocol(Protocol):
         dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
+        samples = self.cfg.update_rule == "samples"
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
+        elif samples:  # sum over the round's gradients of g / n, as BSP applies each gradient
+            outs = [o * (wsum / float(world.size())) for o in outs]
         st = self._stats
         st["rna_fresh"].assign(tf.cast(fresh, tf.float64))
         st["rna_round"].assign(tf.cast(round_id, tf.float64))
@@ -265,8 +285,15 @@ class RNAProtocol(Protocol):
             deltas, pfresh, _, _ = ops.grad_cache_read(self._pcache, zeros, it)
         result = []
 
+        def step():
+            local_apply(outs, variables)
+            return tf.constant(True)
+
         def update():
-            result.append(local_apply(outs, variables))
+            if samples:  # no local step: a step without a fresh result leaves the parameters alone
+                result.append(tf.cond(fresh, step, lambda: tf.constant(False)))
+            else:
+                result.append(local_apply(outs, variables))
             if self._pcache is not None:
                 def correct():
                     for v, d in zip(list(variables) + self._state, deltas):
@@ -327,13 +354,16 @@ class RNAProtocol(Protocol):
         t0 = time.monotonic()
         flat, its, _ = ops.grad_cache_take(self._cache)
         its = its.numpy()
+        samples = self.cfg.update_rule == "samples"
         if its.size:
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
+            if samples:  # w_r = the gradients this rank contributes: [m g', m]
+                flat = flat * float(its.size)
         reduced = transport.allreduce_sum([flat], name="hetsync_rna_round")[0]
-        ops.grad_cache_publish(self._cache, reduced, round_id)
+        ops.grad_cache_publish(self._cache, reduced, round_id, accumulate=samples)
         self._local["round_ms"].append((time.monotonic() - t0) * 1e3)
-        c = int(round(float(reduced[-1].numpy())))
+        c = int(round(float(reduced[-1].numpy())))  # contributors ("samples": gradients) of the round
         self._local["contributors"][c] = self._local["contributors"].get(c, 0) + 1
         self._local["rounds_joined"] += 1
         self._set_stat("rna_rounds", self._local["rounds_joined"])
@@ -393,6 +423,8 @@ class RNAProtocol(Protocol):
             "round_allreduce_ms_median": float(np.median(loc["round_ms"])) if loc["round_ms"] else None,
             "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
             "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
+            # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
+            "contributors_unit": "gradients" if self.cfg.update_rule == "samples" else "ranks",
             "staleness_histogram": hist,
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
