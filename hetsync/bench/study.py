@@ -1,0 +1,298 @@
+"""The statistical-efficiency study: samples to target of every asynchronous protocol against BSP.
+
+``python -m hetsync.bench.study [--np 4 8] [--models mlp cnn] [--settings rna,hop-backup,...] [--seeds 1,2,3]
+[--lrs 0.2] [--out runs/study] [--time-cap-min M] [--update-docs]``
+
+A protocol that computes faster than BSP but needs more samples to reach the target has not won: the
+**statistical efficiency** SE = S_BSP / S (S: samples to target, every rank's processed samples up to the first
+evaluation at or above the target, :mod:`hetsync.bench.progress`) says how much of its throughput gain survives
+(time to target follows samples/s x SE). The study runs, for each world size n (worker ranks; the parameter
+servers of ASP, SHAT, SHAT-root, SSP and hierarchical RNA are one more rank), model, learning rate and seed,
+BSP and every chosen setting (:data:`SETTINGS`: a protocol and its arguments) on the same emulated scenario
+(``device:40+random:6`` by default: random stragglers) and data (MNIST when the data directory is there, else
+the digits), and reports per setting the median over seeds of SE, the time-to-target ratio against BSP, the
+steady samples/s ratio, and the final accuracy against BSP's. Tuning is fair when BSP runs the same grid of
+learning rates (``--lrs``): every cell has its own BSP run.
+
+Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a rerun with the same ``--out``
+skips the runs whose ``summary.json`` exists (resumable) and ``--time-cap-min`` stops starting new runs after that
+many minutes. ``--dilation NP=D`` runs world size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core
+machine overrun their device time undilated). Rows whose run overran 1% or more of its steps are marked: they
+are not evidence. ``--update-docs`` writes ``docs/bench/study.json`` and the table into the benchmarks page.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from hetsync.bench import docpages, launch
+from hetsync.world import DILATION_ENV
+
+__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "table", "main", "BEGIN", "END"]
+
+#: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
+SETTINGS = {
+    "bsp": ("bsp", (), "the reference"),
+    "rna": ("rna", (), "RNA as in the paper (Algorithm 2: rank-weighted rounds, local steps between them)"),
+    "rna-samples": ("rna", ("update_rule=samples",), "RNA, every gradient once on every replica at lr / n"),
+    "rnah": ("rnah", (), "hierarchical RNA"),
+    "hop": ("hop", (), "Hop, standard"),
+    "hop-backup": ("hop", ("backup_workers=1",), "Hop with one backup worker"),
+    "hop-staleness": ("hop", ("staleness=2",), "Hop with staleness 2"),
+    "hop-skip": ("hop", ("backup_workers=1", "skip=2"), "Hop, a backup worker and skipping"),
+    "asp": ("asp", (), "ASP (one parameter server)"),
+    "shat": ("shat", (), "SHAT"),
+    "shatroot": ("shatroot", (), "SHAT-root"),
+    "ssp": ("ssp", (), "SSP"),
+    "localsgd": ("localsgd", (), "local SGD"),
+    "fedavg": ("fedavg", (), "FedAvg"),
+    "selsync": ("selsync", (), "SelSync"),
+}
+#: protocols whose launch has one more rank, the parameter server (their default ``servers=1``).
+SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
+#: evaluation every that many steps of rank 0 (dense near the target: the grid must not set the figure).
+EVAL_EVERY = 8
+BEGIN = "<!-- BEGIN generated: statistical efficiency study -->"
+END = "<!-- END generated: statistical efficiency study -->"
+
+
+def run_dir(out, n, model, lr, setting, seed):
+    """The folder (str) of one run: ``OUT/np{n}-{model}/lr{lr:g}/{setting}/seed{seed}``."""
+    return os.path.join(out, f"np{n}-{model}", f"lr{lr:g}", setting, f"seed{seed}")
+
+
+def run_one(folder, n, model, lr, setting, seed, spec, epochs, target, digits=False, dilation=1.0, timeout_s=1800.0):
+    """Launch one run unless its ``summary.json`` exists; return the summary (dict).
+
+    Args:
+        folder: str. n: int worker ranks (a server protocol launches n + 1). model: ``"mlp"`` or ``"cnn"``.
+        lr: float SGD learning rate. setting: a :data:`SETTINGS` name. seed: int. spec: str slowdown spec.
+        epochs: int. target: float accuracy in (0, 1). digits: bool (the digits set even when MNIST is there).
+        dilation: float D >= 1 (``HETSYNC_DILATION``; the timeout is multiplied by it). timeout_s: float seconds.
+
+    Raises:
+        RuntimeError: the launch failed (the tail of its output in the message).
+        subprocess.TimeoutExpired: the launch ran past the timeout.
+    """
+    path = os.path.join(folder, "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    protocol, args, _ = SETTINGS[setting]
+    os.makedirs(folder, exist_ok=True)
+    argv = launch.job_argv(protocol, folder, args, extra=launch.dataset_args(digits=digits), epochs=epochs,
+                           slowdown=spec, seed=seed, batch_size=32, lr=lr, model=model, target_accuracy=target,
+                           eval_every=EVAL_EVERY)
+    env = {DILATION_ENV: f"{dilation:g}"} if dilation != 1.0 else {}
+    ranks = n + 1 if protocol in SERVER_PROTOCOLS else n
+    proc = launch.run(launch.horovodrun(ranks, argv), timeout_s * dilation + 60.0, env=env)
+    if proc.returncode != 0 or not os.path.exists(path):
+        tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
+        raise RuntimeError(f"study run {setting} np{n} {model} lr {lr:g} seed {seed} failed (status "
+                           f"{proc.returncode}):\n{tail}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _row(n, model, lr, setting, seed, s, dilation):
+    return {"np": n, "model": model, "lr": lr, "setting": setting, "protocol": SETTINGS[setting][0],
+            "protocol_args": list(SETTINGS[setting][1]), "seed": seed, "dilation": dilation,
+            "samples_to_target": s.get("samples_to_target"), "time_to_target_s": s.get("time_to_target_s"),
+            "final_accuracy": s.get("final_test_accuracy"), "samples_per_s": s.get("samples_per_s"),
+            "samples_per_s_steady": s.get("samples_per_s_steady"), "overrun": s.get("overrun_fraction") or 0.0,
+            "host_ms_median": s.get("host_ms_median")}
+
+
+def rows_from(out):
+    """Every finished run under ``out`` as a row (list of dicts; the folder layout of :func:`run_dir`)."""
+    rows = []
+    for cell in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        if not cell.startswith("np") or "-" not in cell:
+            continue
+        n, model = int(cell[2:].split("-")[0]), cell.split("-", 1)[1]
+        for lr_dir in sorted(os.listdir(os.path.join(out, cell))):
+            for setting in sorted(os.listdir(os.path.join(out, cell, lr_dir))):
+                if setting not in SETTINGS:
+                    continue
+                base = os.path.join(out, cell, lr_dir, setting)
+                for sd in sorted(os.listdir(base)):
+                    path = os.path.join(base, sd, "summary.json")
+                    if sd.startswith("seed") and os.path.exists(path):
+                        with open(path) as f:
+                            s = json.load(f)
+                        rows.append(_row(n, model, float(lr_dir[2:]), setting, int(sd[4:]), s,
+                                         float(s.get("dilation") or 1.0)))
+    return rows
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def table(rows):
+    """The study's summary: one dict per (world size, model, learning rate, setting other than BSP) with the
+    medians over the seeds that have a BSP run of the same cell.
+
+    Args:
+        rows: :func:`rows_from`'s list.
+
+    Returns:
+        list of dicts: ``np``, ``model``, ``lr``, ``setting``, ``seeds`` (int), ``se`` (S_BSP / S; None when
+        either missed the target), ``time_ratio`` (BSP's time to target over the setting's: > 1 is sooner),
+        ``steady_ratio`` (steady samples/s over BSP's), ``samples_ratio`` (S / S_BSP), ``accuracy_delta``
+        (final accuracy minus BSP's, points), ``reached`` ("k/m" seeds that reached the target),
+        ``overrun_max`` (float fraction; 0.01 or more: not evidence).
+    """
+    bsp = {(r["np"], r["model"], r["lr"], r["seed"]): r for r in rows if r["setting"] == "bsp"}
+    groups = {}
+    for r in rows:
+        key = (r["np"], r["model"], r["lr"], r["seed"])
+        if r["setting"] != "bsp" and key in bsp:
+            groups.setdefault((r["np"], r["model"], r["lr"], r["setting"]), []).append((r, bsp[key]))
+    out = []
+    for (n, model, lr, setting), pairs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                                 list(SETTINGS).index(kv[0][3]))):
+        def ratio(a, b):
+            return a / b if a and b else None
+        out.append({
+            "np": n, "model": model, "lr": lr, "setting": setting, "seeds": len(pairs),
+            "se": _median(ratio(b["samples_to_target"], r["samples_to_target"]) for r, b in pairs),
+            "samples_ratio": _median(ratio(r["samples_to_target"], b["samples_to_target"]) for r, b in pairs),
+            "time_ratio": _median(ratio(b["time_to_target_s"], r["time_to_target_s"]) for r, b in pairs),
+            "steady_ratio": _median(ratio(r["samples_per_s_steady"], b["samples_per_s_steady"]) for r, b in pairs),
+            "accuracy_delta": _median((r["final_accuracy"] - b["final_accuracy"]) * 100.0 for r, b in pairs
+                                      if r["final_accuracy"] is not None and b["final_accuracy"] is not None),
+            "reached": f"{sum(1 for r, _ in pairs if r['samples_to_target'])}/{len(pairs)}",
+            "overrun_max": max(max(r["overrun"], b["overrun"]) for r, b in pairs),
+        })
+    return out
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(summary, meta):
+    """The generated docs block (str): how it was measured, then one table row per :func:`table` entry."""
+    lines = [f"Measured {meta['date_utc']} with `{meta['command']}` ({meta['scenario']}, {meta['dataset']}, target "
+             f"{meta['target']:g}; medians over seeds; `!` marks a run with 1% or more overrun steps).", "",
+             "| ranks | model | lr | setting | seeds | SE (S_BSP / S) | time to target vs BSP "
+             "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in summary:
+        mark = " !" if t["overrun_max"] >= 0.01 else ""
+        lines.append(f"| {t['np']} | {t['model']} | {t['lr']:g} | {t['setting']}{mark} | {t['seeds']} | "
+                     f"{_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | {_fmt(t['steady_ratio'], '.2f')}x | "
+                     f"{_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} |")
+    return "\n".join(lines)
+
+
+def _parse_list(text, kind, what, allowed=None):
+    try:
+        items = [kind(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{what} {text!r}: give comma-separated values") from None
+    if not items:
+        raise ValueError(f"--{what} is empty")
+    bad = [x for x in items if allowed is not None and x not in allowed]
+    if bad:
+        raise ValueError(f"--{what}: unknown {', '.join(map(str, bad))}; choose from {', '.join(map(str, allowed))}")
+    return items
+
+
+def parser():
+    """The command line (``argparse.ArgumentParser``)."""
+    p = argparse.ArgumentParser(prog="python -m hetsync.bench.study", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--np", type=int, nargs="+", default=[4, 8], help="worker ranks (2 or more)")
+    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    p.add_argument("--settings", default=",".join(s for s in SETTINGS if s != "bsp"),
+                   help=f"comma-separated settings (BSP always runs): {', '.join(SETTINGS)}")
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
+    p.add_argument("--lrs", default="0.2", help="comma-separated SGD learning rates (BSP runs each too)")
+    p.add_argument("--scenario", default="device:40+random:6", help="slowdown spec of every run")
+    p.add_argument("--epochs", default="mlp=3,cnn=2", help="epochs per model, MODEL=E,...")
+    p.add_argument("--target", type=float, default=0.9, help="target test accuracy in (0, 1)")
+    p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
+    p.add_argument("--dilation", action="append", default=["8=3"], metavar="NP=D",
+                   help="time dilation D for world size NP, repeatable")
+    p.add_argument("--out", default="runs/study", help="output folder (resumable)")
+    p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--update-docs", action="store_true", help="write docs/bench/study.json and the table")
+    p.add_argument("--docs-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "docs"))
+    return p
+
+
+def main(argv=None):
+    """``python -m hetsync.bench.study``: run (or resume) the study and print its table; return the exit status
+    (0; 1 when a run failed). Bad arguments exit with status 2 and a message before anything runs."""
+    from hetsync.bench.validate import parse_dilations
+
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        models = _parse_list(args.models, str, "models", ("mlp", "cnn"))
+        settings = _parse_list(args.settings, str, "settings", tuple(SETTINGS))
+        seeds = _parse_list(args.seeds, int, "seeds")
+        lrs = _parse_list(args.lrs, float, "lrs")
+        epochs = dict(kv.split("=", 1) for kv in args.epochs.split(","))
+        epochs = {m: int(e) for m, e in epochs.items()}
+        dil = parse_dilations(args.dilation)
+    except ValueError as exc:
+        p.error(str(exc))
+    if any(n < 2 for n in args.np):
+        p.error(f"--np needs world sizes >= 2, got {args.np}")
+    if not 0 < args.target < 1 or any(lr <= 0 for lr in lrs):
+        p.error(f"--target must be in (0, 1) and --lrs > 0, got {args.target} and {lrs}")
+    missing = [m for m in models if epochs.get(m, 0) < 1]
+    if missing:
+        p.error(f"--epochs gives no epochs >= 1 for {', '.join(missing)} ({args.epochs!r})")
+    t0, failed = time.monotonic(), 0
+    for n in args.np:
+        for model in models:
+            for lr in lrs:
+                for seed in seeds:
+                    for setting in ["bsp"] + [s for s in settings if s != "bsp"]:
+                        folder = run_dir(args.out, n, model, lr, setting, seed)
+                        done = os.path.exists(os.path.join(folder, "summary.json"))
+                        if not done and args.time_cap_min is not None and \
+                                time.monotonic() - t0 > args.time_cap_min * 60:
+                            continue
+                        try:
+                            s = run_one(folder, n, model, lr, setting, seed, args.scenario, epochs[model],
+                                        args.target, args.digits, dil.get(n, 1.0))
+                        except Exception as exc:  # noqa: BLE001 - one failed run is reported, the rest go on
+                            print(str(exc), file=sys.stderr)
+                            failed += 1
+                            continue
+                        print(f"np{n} {model} lr {lr:g} {setting:13s} seed {seed}: samples to target "
+                              f"{s.get('samples_to_target')}, time {s.get('time_to_target_s')}, final accuracy "
+                              f"{s.get('final_test_accuracy')}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    rows = rows_from(args.out)
+    summary = table(rows)
+    dataset = "digits" if args.digits or launch.dataset_args()[1] == "digits" else "MNIST"
+    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenario": args.scenario,
+            "dataset": dataset, "target": args.target,
+            "command": "python -m hetsync.bench.study " + " ".join(argv if argv is not None else sys.argv[1:])}
+    body = markdown(summary, meta)
+    print(body)
+    with open(os.path.join(args.out, "study.json"), "w") as f:
+        json.dump({**meta, "rows": rows, "summary": summary}, f, indent=1)
+    if args.update_docs:
+        os.makedirs(os.path.join(args.docs_dir, "bench"), exist_ok=True)
+        with open(os.path.join(args.docs_dir, "bench", "study.json"), "w") as f:
+            json.dump({**meta, "rows": rows, "summary": summary}, f, indent=1)
+        page = os.path.join(args.docs_dir, "benchmarks.md")
+        with open(page) as f:
+            text = f.read()
+        with open(page, "w") as f:
+            f.write(docpages.replace_block(text, BEGIN, END, body, "## The statistical-efficiency study"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

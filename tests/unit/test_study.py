@@ -1,0 +1,96 @@
+"""The statistical-efficiency study (hetsync.bench.study) without launches: its table in closed form from hand-made
+summaries, a resumed study that launches nothing and writes the docs block, the launch of a server protocol, and
+bad arguments refused before anything runs."""
+import json
+import os
+
+import pytest
+
+from hetsync.bench import launch, study
+
+
+def _summary(folder, samples, ttt, acc, steady, overrun=0.0):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"samples_to_target": samples, "time_to_target_s": ttt, "final_test_accuracy": acc,
+                   "samples_per_s": steady, "samples_per_s_steady": steady, "overrun_fraction": overrun,
+                   "dilation": 1.0}, f)
+
+
+def _make(out):
+    # seeds 1-3 of BSP and RNA at 4 ranks (MLP, lr 0.2); RNA misses the target on seed 3
+    for seed, (sb, tb, ab, sr, tr, ar) in enumerate([(1000, 10.0, 0.90, 1250, 5.0, 0.91),
+                                                      (1200, 12.0, 0.92, 1200, 8.0, 0.90),
+                                                      (1100, 11.0, 0.91, None, None, 0.85)], start=1):
+        _summary(study.run_dir(out, 4, "mlp", 0.2, "bsp", seed), sb, tb, ab, 600.0)
+        _summary(study.run_dir(out, 4, "mlp", 0.2, "rna", seed), sr, tr, ar, 900.0, overrun=0.002 * seed)
+    # a setting without its BSP seed is left out of the table
+    _summary(study.run_dir(out, 4, "mlp", 0.2, "hop", 9), 1000, 9.0, 0.9, 700.0)
+
+
+def test_the_table_is_the_median_over_seeds_of_the_ratios_to_bsp(tmp_path):
+    _make(str(tmp_path))
+    rows = study.rows_from(str(tmp_path))
+    assert len(rows) == 7 and {r["setting"] for r in rows} == {"bsp", "rna", "hop"}
+    (t,) = study.table(rows)
+    assert (t["np"], t["model"], t["lr"], t["setting"], t["seeds"], t["reached"]) == (4, "mlp", 0.2, "rna", 3, "2/3")
+    assert t["se"] == pytest.approx((1000 / 1250 + 1200 / 1200) / 2)  # the seeds that reached the target
+    assert t["samples_ratio"] == pytest.approx((1.25 + 1.0) / 2)
+    assert t["time_ratio"] == pytest.approx((10 / 5 + 12 / 8) / 2)
+    assert t["steady_ratio"] == pytest.approx(1.5)
+    assert t["accuracy_delta"] == pytest.approx(-2.0)  # median of +1, -2, -6 points
+    assert t["overrun_max"] == pytest.approx(0.006)
+    text = study.markdown([t], {"date_utc": "d", "command": "c", "scenario": "s", "dataset": "MNIST", "target": 0.9})
+    assert "| 4 | mlp | 0.2 | rna | 3 | 0.90 | 1.75x | 1.50x | -2.0 pt | 2/3 |" in text
+
+
+def test_a_resumed_study_launches_nothing_and_writes_the_docs_block(tmp_path, monkeypatch):
+    out, docs = str(tmp_path / "study"), tmp_path / "docs"
+    _make(out)
+    docs.mkdir()
+    (docs / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    status = study.main(["--out", out, "--np", "4", "--models", "mlp", "--settings", "rna", "--seeds", "1,2",
+                         "--update-docs", "--docs-dir", str(docs)])
+    assert status == 0
+    doc = json.loads((docs / "bench" / "study.json").read_text())
+    assert doc["summary"][0]["setting"] == "rna" and len(doc["rows"]) == 7
+    page = (docs / "benchmarks.md").read_text()
+    assert study.BEGIN in page and "## The statistical-efficiency study" in page and "| 4 | mlp | 0.2 | rna |" in page
+
+
+def test_a_server_protocol_launches_one_more_rank_and_a_dilated_world_gets_d(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(cmd, timeout_s, env=None, **kw):
+        seen.append((cmd, timeout_s, env))
+        _summary(cmd[cmd.index("--out") + 1], 100, 1.0, 0.9, 100.0)
+        return type("P", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    study.run_one(str(tmp_path / "a"), 4, "mlp", 0.1, "shat", 1, "device:40", 1, 0.9)
+    study.run_one(str(tmp_path / "b"), 8, "cnn", 0.1, "hop-backup", 1, "device:40", 1, 0.9, dilation=3.0,
+                  timeout_s=100.0)
+    (cmd_a, _, env_a), (cmd_b, t_b, env_b) = seen
+    assert cmd_a[cmd_a.index("-np") + 1] == "5" and env_a == {}
+    assert cmd_b[cmd_b.index("-np") + 1] == "8" and env_b == {"HETSYNC_DILATION": "3"} and t_b == 360.0
+    assert "backup_workers=1" in cmd_b and cmd_b[cmd_b.index("--model") + 1] == "cnn"
+    # the run is not launched again
+    study.run_one(str(tmp_path / "a"), 4, "mlp", 0.1, "shat", 1, "device:40", 1, 0.9)
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--settings", "rna,nope"], "unknown nope"),
+    (["--models", "resnet"], "unknown resnet"),
+    (["--np", "1"], "world sizes >= 2"),
+    (["--target", "1.5"], "--target must be in (0, 1)"),
+    (["--lrs", "0"], "--lrs > 0"),
+    (["--epochs", "mlp=0"], "no epochs >= 1 for mlp"),
+    (["--dilation", "8=0.5"], ">= 1"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as exc:
+        study.main(["--out", str(tmp_path)] + argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
