@@ -16,9 +16,9 @@ learning rates (``--lrs``): every cell has its own BSP run.
 
 Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a rerun with the same ``--out``
 skips the runs whose ``summary.json`` exists (resumable) and ``--time-cap-min`` stops starting new runs after that
-many minutes. ``--dilation NP=D`` runs world size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core
-machine overrun their device time undilated). Rows whose run overran 1% or more of its steps are marked: they
-are not evidence. ``--update-docs`` writes ``docs/bench/study.json`` and the table into the benchmarks page.
+many minutes. Epochs are given for 4 ranks and scaled by n / 4 (:func:`epochs_for`). ``--dilation NP=D`` runs world
+size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core machine overrun their device time undilated). Rows
+whose run overran 1% or more of its steps are marked: they are not evidence. ``--update-docs`` writes ``docs/bench/study.json`` and the table into the benchmarks page.
 """
 import argparse
 import json
@@ -30,7 +30,8 @@ import time
 from hetsync.bench import docpages, launch
 from hetsync.world import DILATION_ENV
 
-__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "table", "main", "BEGIN", "END"]
+__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "table", "epochs_for", "main", "BEGIN",
+           "END"]
 
 #: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
 SETTINGS = {
@@ -171,6 +172,12 @@ def table(rows):
     return out
 
 
+def epochs_for(epochs, model, n):
+    """Epochs (int >= 1) of a run of ``model`` at ``n`` ranks: ``epochs[model]`` (given for 4 ranks) x n / 4,
+    rounded, so every world size runs about the same number of BSP steps."""
+    return max(1, int(round(epochs[model] * n / 4.0)))
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -214,7 +221,8 @@ def parser():
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     p.add_argument("--lrs", default="0.2", help="comma-separated SGD learning rates (BSP runs each too)")
     p.add_argument("--scenario", default="device:40+random:6", help="slowdown spec of every run")
-    p.add_argument("--epochs", default="mlp=3,cnn=2", help="epochs per model, MODEL=E,...")
+    p.add_argument("--epochs", default="mlp=3,cnn=2", help="epochs per model at 4 ranks, MODEL=E,...; n ranks run "
+                   "E x n / 4 (rounded): the same number of BSP steps, whose batches are n / 4 times larger")
     p.add_argument("--target", type=float, default=0.9, help="target test accuracy in (0, 1)")
     p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
     p.add_argument("--dilation", action="append", default=["8=3"], metavar="NP=D",
@@ -262,8 +270,8 @@ def main(argv=None):
                                 time.monotonic() - t0 > args.time_cap_min * 60:
                             continue
                         try:
-                            s = run_one(folder, n, model, lr, setting, seed, args.scenario, epochs[model],
-                                        args.target, args.digits, dil.get(n, 1.0))
+                            s = run_one(folder, n, model, lr, setting, seed, args.scenario,
+                                        epochs_for(epochs, model, n), args.target, args.digits, dil.get(n, 1.0))
                         except Exception as exc:  # noqa: BLE001 - one failed run is reported, the rest go on
                             print(str(exc), file=sys.stderr)
                             failed += 1

@@ -59,6 +59,11 @@ def test_a_resumed_study_launches_nothing_and_writes_the_docs_block(tmp_path, mo
     assert study.BEGIN in page and "## The statistical-efficiency study" in page and "| 4 | mlp | 0.2 | rna |" in page
 
 
+def test_epochs_scale_with_the_world_size_for_the_same_bsp_steps():
+    assert [study.epochs_for({"mlp": 3}, "mlp", n) for n in (2, 4, 8)] == [2, 3, 6]
+    assert study.epochs_for({"cnn": 1}, "cnn", 2) == 1
+
+
 def test_a_server_protocol_launches_one_more_rank_and_a_dilated_world_gets_d(tmp_path, monkeypatch):
     seen = []
 
