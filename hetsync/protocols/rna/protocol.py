@@ -147,6 +147,12 @@ class RNAProtocol(Protocol):
         self.done_steps = None
 
     @property
+    def update_rule(self):
+        """The update rule in use (str): the config's ``update_rule``; ``"paper"`` for a configuration without one
+        (hierarchical RNA, whose groups reduce as Algorithm 2)."""
+        return getattr(self.cfg, "update_rule", "paper")
+
+    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -155,7 +161,7 @@ class RNAProtocol(Protocol):
         """Check ``probes`` against the world size; create the statistics, the iteration counter and the
         critical section shared by the step's update and the communication thread's snapshot."""
         n = world.size()
-        if self.cfg.update_rule == "samples" and self.cfg.scale_lr:
+        if self.update_rule == "samples" and self.cfg.scale_lr:
             raise ValueError("RNA: update_rule='samples' scales each result by sum(w) / n itself; use it with "
                              "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
@@ -270,7 +276,7 @@ class RNAProtocol(Protocol):
         dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
-        samples = self.cfg.update_rule == "samples"
+        samples = self.update_rule == "samples"
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
         elif samples:  # sum over the round's gradients of g / n, as BSP applies each gradient
@@ -354,7 +360,7 @@ class RNAProtocol(Protocol):
         t0 = time.monotonic()
         flat, its, _ = ops.grad_cache_take(self._cache)
         its = its.numpy()
-        samples = self.cfg.update_rule == "samples"
+        samples = self.update_rule == "samples"
         if its.size:
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
@@ -424,7 +430,7 @@ class RNAProtocol(Protocol):
             "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
             "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
             # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
-            "contributors_unit": "gradients" if self.cfg.update_rule == "samples" else "ranks",
+            "contributors_unit": "gradients" if self.update_rule == "samples" else "ranks",
             "staleness_histogram": hist,
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
