@@ -16,7 +16,7 @@ import threading
 from hetsync import world
 
 __all__ = ["ROOT", "JOB", "mnist_dir", "job_env", "horovodrun", "mpirun", "on_cluster", "job_argv", "protocol_args",
-           "dataset_args", "run", "CLUSTER_RECORD"]
+           "dataset_args", "run", "run_for_summary", "CLUSTER_RECORD"]
 
 #: the folder that holds the ``hetsync`` package (a checkout's root, or site-packages when installed):
 #: put first on a launched job's ``PYTHONPATH`` so that it imports this very hetsync.
@@ -222,6 +222,28 @@ def run(cmd, timeout_s, capture=True, stall_shutdown_s=None, cwd=None, env=None)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_for_summary(cmd, timeout_s, out_dir, what, env=None):
+    """Run one launch (:func:`run`) that writes ``OUT_DIR/summary.json``; return that summary (dict).
+
+    Args:
+        cmd: list of str, the launch. timeout_s: float seconds > 0. out_dir: str, the job's ``--out`` folder.
+        what: str naming the run in the error (``"study run rna np4 ..."``). env: dict of str or None (:func:`run`).
+
+    Raises:
+        RuntimeError: the launch failed or wrote no summary (its status and the tail of its output in the message).
+        subprocess.TimeoutExpired, ValueError, SystemExit: as :func:`run`.
+    """
+    import json
+
+    path = os.path.join(out_dir, "summary.json")
+    proc = run(cmd, timeout_s, env=env)
+    if proc.returncode != 0 or not os.path.exists(path):
+        tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
+        raise RuntimeError(f"{what} failed (status {proc.returncode}):\n{tail}")
+    with open(path) as f:
+        return json.load(f)
 
 
 def _terminate(signum, frame):

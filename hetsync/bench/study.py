@@ -88,13 +88,8 @@ def run_one(folder, n, model, lr, setting, seed, spec, epochs, target, digits=Fa
                            eval_every=EVAL_EVERY)
     env = {DILATION_ENV: f"{dilation:g}"} if dilation != 1.0 else {}
     ranks = n + 1 if protocol in SERVER_PROTOCOLS else n
-    proc = launch.run(launch.horovodrun(ranks, argv), timeout_s * dilation + 60.0, env=env)
-    if proc.returncode != 0 or not os.path.exists(path):
-        tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
-        raise RuntimeError(f"study run {setting} np{n} {model} lr {lr:g} seed {seed} failed (status "
-                           f"{proc.returncode}):\n{tail}")
-    with open(path) as f:
-        return json.load(f)
+    return launch.run_for_summary(launch.horovodrun(ranks, argv), timeout_s * dilation + 60.0, folder,
+                                  f"study run {setting} np{n} {model} lr {lr:g} seed {seed}", env=env)
 
 
 def _row(n, model, lr, setting, seed, s, dilation):

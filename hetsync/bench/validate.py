@@ -175,13 +175,8 @@ def run_one(out_dir, n, spec, protocol, seed, epochs, digits=False, timeout_s=18
         timeout_s *= cluster.dilation
         cmd = launch.on_cluster(cluster, argv, record=os.path.join(out_dir, launch.CLUSTER_RECORD),
                                 timeout_s=timeout_s)
-    proc = launch.run(cmd, timeout_s + 60.0, env=env)
-    if proc.returncode != 0 or not os.path.exists(path):
-        tail = ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
-        raise RuntimeError(f"validation run {protocol} np{n} {spec!r} seed {seed} failed (status "
-                           f"{proc.returncode}):\n{tail}")
-    with open(path) as f:
-        return json.load(f)
+    return launch.run_for_summary(cmd, timeout_s + 60.0, out_dir, f"validation run {protocol} np{n} {spec!r} seed "
+                                  f"{seed}", env=env)
 
 
 def compile_fraction(run_dir, summary):

@@ -81,3 +81,15 @@ def test_a_sigterm_to_the_benchmark_stops_the_launch_it_runs(tmp_path):
     finally:
         bench.kill()
         bench.wait()
+
+
+def test_a_launch_that_writes_its_summary_returns_it_and_one_that_fails_names_its_status(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    ok = ["sh", "-c", f"echo '{{\"samples_per_s\": 12.5}}' > {out}/summary.json"]
+    assert launch.run_for_summary(ok, 30, str(out), "run A") == {"samples_per_s": 12.5}
+    (out / "summary.json").unlink()
+    with pytest.raises(RuntimeError, match=r"run B failed \(status 3\):\nboom"):
+        launch.run_for_summary(["sh", "-c", "echo boom; exit 3"], 30, str(out), "run B")
+    with pytest.raises(RuntimeError, match=r"run C failed \(status 0\)"):  # no summary written
+        launch.run_for_summary(["true"], 30, str(out), "run C")
