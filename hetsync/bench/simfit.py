@@ -87,7 +87,8 @@ def probe_overheads(run_dir):
         in milliseconds (Keras' per-step work, the callbacks, the protocol's own exchanges and periodic averages,
         CPU contention between ranks); ``host_ms_median``, the median over ranks of the median of the same
         per-step figure; ``wait_ms``, the mean over ranks of the mean ``sync_wait_ms`` of the same steps (the time
-        the protocol blocked on its exchanges: Hop's wait for updates; 0 where no record carries it); ``first_step_s``, seconds from train begin to the first step's end (tracing, compiling;
+        the protocol blocked on its exchanges: Hop's wait for updates; 0 where no record carries it);
+        ``first_step_s``, seconds from train begin to the first step's end (tracing, compiling;
         median over ranks); ``boundary_s``, seconds between the last step of epoch 0 and the first of epoch 1
         beyond one mean cycle (rank 0's evaluation, the data plan's new epoch; median over ranks).
     """

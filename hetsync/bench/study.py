@@ -18,7 +18,8 @@ Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a 
 skips the runs whose ``summary.json`` exists (resumable) and ``--time-cap-min`` stops starting new runs after that
 many minutes. Epochs are given for 4 ranks and scaled by n / 4 (:func:`epochs_for`). ``--dilation NP=D`` runs world
 size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core machine overrun their device time undilated). Rows
-whose run overran 1% or more of its steps are marked: they are not evidence. ``--update-docs`` writes ``docs/bench/study.json`` and the table into the benchmarks page.
+whose run overran 1% or more of its steps are marked: they are not evidence. ``--update-docs`` writes
+``docs/bench/study.json`` and the table into the benchmarks page.
 """
 import argparse
 import json

@@ -13,8 +13,8 @@ what happens outside the device time comes from a separate *probe run* of each p
 ``device:40`` without slowdowns, another seed) at the same world size (:func:`probe_overheads`): the time
 per step beyond the device time, from which the simulator is calibrated so that it reproduces the probe
 (:func:`calibrate`: its ``host_ms``, and for Hop across hosts the fraction of the link rate its point-to-point
-messages reach, with the host work set to the probe's time outside its waits), and two fixed costs added to the simulated time of the fit, the first
-step (tracing) and each epoch boundary (:func:`with_fixed_costs`). Runs are long enough that the first step
+messages reach, with the host work set to the probe's time outside its waits), and two fixed costs added to the
+simulated time of the fit, the first step (tracing) and each epoch boundary (:func:`with_fixed_costs`). Runs are long enough that the first step
 (tracing, the compile) is under 5% of the fit: the table reports that share, and the emulation's overrun
 fraction, per run; rows at or above 1% overruns are marked, as the benchmark marks them.
 
