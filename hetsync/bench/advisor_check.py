@@ -16,12 +16,15 @@ The advisor's *first choice* is what ``python -m hetsync.advise --predict --scen
 protocols, ``--samples-per-epoch`` the training set's size and ``--epochs-to-target`` E. H, BSP's host work per
 step outside the device time (:func:`hetsync.bench.validate.calibrate_host_ms`), and E, BSP's samples to target
 over the training set's size, come from a separate BSP probe run (the check's epochs and evaluation on
-``device:40`` under another seed): the prediction never sees the runs it is checked against. The check (:func:`verdict`) passes a scenario when the
+``device:40`` under another seed): the prediction never sees the runs it is checked against. The check
+(:func:`verdict`) passes a scenario when the
 choice's median time to target is within :data:`WITHIN` (10%) of the best's, and fails it outright when the
 choice is BSP and another protocol reached the target :data:`BSP_RULE` (1.5) times sooner.
 
 Runs keep their folders; a rerun with the same ``--out`` skips the runs whose ``summary.json`` exists
-(resumable); ``--time-cap-min`` stops starting new runs after that many minutes. ``advisor_check.json`` holds
+(resumable); ``--resume-doc JSON`` also takes the runs, and the BSP probe, that an earlier check document records
+(:func:`recorded_runs`), so a check outlives its run folders; ``--time-cap-min`` stops starting new runs after
+that many minutes. ``advisor_check.json`` holds
 every run and verdict, and the medians as benchmark result rows (:func:`benchmark_rows`: ``python -m
 hetsync.sim.target`` rebuilds the advisor's statistical efficiencies from such a document); ``--update-docs``
 writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``. With
@@ -50,6 +53,7 @@ from hetsync.bench import validate as _validate
 from hetsync.world import parse_dilation
 
 __all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "CAL_BEGIN", "CAL_END", "median_time", "verdict", "advisor_choice",
+           "recorded_runs",
            "table", "benchmark_rows",
            "main"]
 
@@ -252,18 +256,50 @@ def _probe(out, n, seed, digits, epochs, samples_per_epoch, dilation=1.0, **flag
             (k / samples_per_epoch if k else None))
 
 
+def recorded_runs(path, args, dilation, dataset):
+    """The runs an earlier check document holds, to resume a check whose run folders are gone.
+
+    Args:
+        path: str, an ``advisor_check*.json`` written by this command.
+        args: the parsed arguments of this invocation (``np``, ``epochs``, ``target``, ``lr``, ``eval_every``).
+        dilation: float D of this invocation.
+        dataset: str, ``"mnist"`` or ``"digits"``.
+
+    Returns:
+        ``(runs, probe)``: dict ``(scenario, protocol, seed) -> run record`` (the fields :func:`_scenario_result`
+        reads from a ``summary.json``) and the document's probe ``{"host_ms": ..., "epochs_to_target": ...}``, so
+        that the advisor is given the same inputs for every run of the check.
+
+    Raises:
+        ValueError: the document was measured with other settings (world size, dilation, epochs, target, learning
+            rate, data set), naming the setting and both values.
+        OSError: the file cannot be read.
+    """
+    with open(path) as f:
+        doc = json.load(f)
+    for key, want in (("np", args.np), ("dilation", dilation), ("epochs", args.epochs), ("target", args.target),
+                      ("lr", args.lr), ("dataset", dataset)):
+        if doc.get(key) != want:
+            raise ValueError(f"{path} was measured with {key} = {doc.get(key)!r}, this check runs {want!r}")
+    runs = {(r["scenario"], r["protocol"], r["seed"]): dict(r) for r in doc.get("runs", [])}
+    return runs, {"host_ms": doc["host_ms"], "epochs_to_target": doc.get("epochs_to_target")}
+
+
 def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None,
-                     dilation=1.0):
+                     dilation=1.0, recorded=None):
     spec = _validate.scenario_spec(sname, n)
     runs, medians, samples, rates, overrun, over_runs = [], {}, {}, {}, 0.0, 0
     for proto in protocols:
         times, counts, speeds = [], [], []
         for seed in seeds:
             path = os.path.join(out, "runs", _np_dir(n, dilation), sname, proto, f"seed{seed}", "summary.json")
-            if not os.path.exists(path):
+            if os.path.exists(path):
+                with open(path) as f:
+                    summ = json.load(f)
+            elif recorded and (sname, proto, seed) in recorded:
+                summ = recorded[(sname, proto, seed)]
+            else:
                 continue
-            with open(path) as f:
-                summ = json.load(f)
             times.append(summ.get("time_to_target_s"))
             counts.append(summ.get("samples_to_target"))
             speeds.append(summ.get("samples_per_s"))
@@ -320,6 +356,9 @@ def main(argv=None):
                    "the benchmarks, whose runs gave the advisor's statistical efficiencies)")
     p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
     p.add_argument("--digits", action="store_true", help="the digits set even when MNIST is there")
+    p.add_argument("--resume-doc", metavar="JSON", default=None,
+                   help="resume from the runs (and BSP probe) an earlier check document records, e.g. "
+                   "docs/simulator/advisor_check_np8.json, when their run folders are gone")
     p.add_argument("--update-docs", action="store_true", help="write docs/simulator/advisor_check.json and the table "
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
@@ -349,14 +388,23 @@ def main(argv=None):
     failed = 0
     mnist = launch.mnist_dir() is not None and not args.digits
     per_epoch = _validate.TRAIN_SAMPLES["mnist" if mnist else "digits"]
-    host_ms, over, to_target = _probe(args.out, args.np, max(args.seeds) + 100, args.digits, args.epochs, per_epoch,
-                                      dilation=dil, eval_every=args.eval_every, target_accuracy=args.target,
-                                      lr=args.lr)
-    host_ms /= dil  # the advisor's host time: host work is not dilated (the validation's rule)
-    print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time (D = {dil:g}); advisor --host-ms "
-          f"{host_ms:.1f}"
-          f", --samples-per-epoch {per_epoch}, --epochs-to-target "
-          f"{'none (the probe missed the target)' if to_target is None else f'{to_target:.2f}'}", flush=True)
+    recorded = {}
+    if args.resume_doc:
+        try:
+            recorded, probe = recorded_runs(args.resume_doc, args, dil, "mnist" if mnist else "digits")
+        except (ValueError, OSError, KeyError) as exc:
+            p.error(f"--resume-doc {args.resume_doc}: {exc}")
+        host_ms, to_target = probe["host_ms"], probe["epochs_to_target"]
+        print(f"resumed {len(recorded)} runs and the BSP probe (advisor --host-ms {host_ms:.1f}) from "
+              f"{args.resume_doc}", flush=True)
+    else:
+        host_ms, over, to_target = _probe(args.out, args.np, max(args.seeds) + 100, args.digits, args.epochs,
+                                          per_epoch, dilation=dil, eval_every=args.eval_every,
+                                          target_accuracy=args.target, lr=args.lr)
+        host_ms /= dil  # the advisor's host time: host work is not dilated (the validation's rule)
+        print(f"probe: BSP {over['cycle_ms']:.1f} ms per step beyond the device time (D = {dil:g}); advisor "
+              f"--host-ms {host_ms:.1f}, --samples-per-epoch {per_epoch}, --epochs-to-target "
+              f"{'none (the probe missed the target)' if to_target is None else f'{to_target:.2f}'}", flush=True)
     results, all_runs = [], []
     for sname in scenarios:
         spec = _validate.scenario_spec(sname, args.np)
@@ -364,11 +412,14 @@ def main(argv=None):
             for proto in protocols:
                 rdir = os.path.join(args.out, "runs", _np_dir(args.np, dil), sname, proto, f"seed{seed}")
                 done = os.path.exists(os.path.join(rdir, "summary.json"))
+                if not done and (sname, proto, seed) in recorded:
+                    continue
                 if not done and args.time_cap_min is not None and time.monotonic() - t0 > args.time_cap_min * 60:
                     continue
                 try:
                     summ = _validate.run_one(rdir, args.np, spec, proto, seed, args.epochs, args.digits,
-                                             dilation=dil, eval_every=args.eval_every, target_accuracy=args.target, lr=args.lr)
+                                             dilation=dil, eval_every=args.eval_every, target_accuracy=args.target,
+                                             lr=args.lr)
                 except (RuntimeError, OSError) as exc:
                     print(str(exc), file=sys.stderr)
                     failed += 1
@@ -379,7 +430,7 @@ def main(argv=None):
                           f"{'not reached' if t is None else f'{t:.1f} s'}, {summ['samples_per_s']:.0f} samples/s, "
                           f"overruns {summ.get('overrun_fraction', 0) * 100:.1f}%", flush=True)
         res, runs = _scenario_result(args.out, args.np, sname, protocols, args.seeds, host_ms, per_epoch, to_target,
-                                     dilation=dil)
+                                     dilation=dil, recorded=recorded)
         all_runs += [{"scenario": sname, **r} for r in runs]
         if res is None:
             print(f"{sname}: not every run is there (time cap or failure); left out of the verdict", file=sys.stderr)

@@ -156,3 +156,31 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, c
         with pytest.raises(SystemExit):
             advisor_check.main(["--out", str(tmp_path), *argv])
         assert message in capsys.readouterr().err
+
+
+def test_a_check_resumes_from_its_document_when_the_run_folders_are_gone(tmp_path, monkeypatch, capsys):
+    _offline(monkeypatch)
+    first = tmp_path / "first"
+    _write_probe(first / "probes" / "np2" / "bsp-target", 0.045, 40.0)
+    for proto, t in (("bsp", 40.0), ("fedavg", 20.0)):
+        for seed in (1, 2, 3):
+            run = first / "runs" / "np2" / "random" / proto / f"seed{seed}"
+            os.makedirs(run)
+            (run / "summary.json").write_text(json.dumps(_summary(t + seed, int(t * 100))))
+    assert advisor_check.main(["--out", str(first), "--np", "2", "--scenarios", "random",
+                               "--protocols", "bsp,fedavg"]) == 0
+    recorded = first / "advisor_check.json"
+    before = json.loads(recorded.read_text())
+    # a new checkout: no probe, no run folders; the document alone gives the same verdict and host time
+    again = tmp_path / "again"
+    assert advisor_check.main(["--out", str(again), "--np", "2", "--scenarios", "random", "--protocols",
+                               "bsp,fedavg", "--resume-doc", str(recorded)]) == 0
+    after = json.loads((again / "advisor_check.json").read_text())
+    assert after["host_ms"] == before["host_ms"] and after["epochs_to_target"] == before["epochs_to_target"]
+    assert after["scenarios"][0]["medians"] == {"bsp": 42.0, "fedavg": 22.0}
+    assert after["scenarios"][0]["choice"] == before["scenarios"][0]["choice"] and len(after["runs"]) == 6
+    assert "resumed 6 runs" in capsys.readouterr().out
+    # a document measured with other settings is refused, naming the setting
+    with pytest.raises(SystemExit):
+        advisor_check.main(["--out", str(again), "--np", "2", "--epochs", "8", "--resume-doc", str(recorded)])
+    assert "epochs = 4, this check runs 8" in capsys.readouterr().err
