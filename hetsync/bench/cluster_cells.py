@@ -11,7 +11,9 @@ joined by shaped links. Before its first run, :func:`prepare` settles two things
 * ``comm_fraction`` = (BSP step time on the shaped links - BSP step time unshaped) / shaped, both at
   the calibrated D without slowdowns: the share of a step that the links cost (unshaped:
   :data:`hetsync.emulation.cluster.spec.UNSHAPED`).
-  Step time is the median over every rank's steps after the first two (milliseconds of wall time).
+  Step time is the median over every rank's steps after the first two (milliseconds of wall time);
+* the alpha-beta parameters of the shaped links at that D (:mod:`hetsync.bench.alphabeta`, its largest message
+  the model's gradient), written down before any run: every run of the cell is compared with the E they predict.
 
 Protocol *variants* name a protocol with its arguments, ``NAME(KEY=VALUE;KEY=VALUE)``, e.g.
 ``shat(sharding=layer;servers=2)``: two variants of one protocol run side by side in one cell.
@@ -24,7 +26,7 @@ import re
 import statistics
 import subprocess
 
-from hetsync.bench import calibrate as _calibrate, efficiency, launch
+from hetsync.bench import alphabeta as _alphabeta, calibrate as _calibrate, efficiency, launch
 from hetsync.emulation import scenario as _slowdown
 from hetsync.emulation.cluster.spec import UNSHAPED, ClusterSpec
 
@@ -139,7 +141,8 @@ def prepare(cell, job_argv, out_dir, cache, candidates=CANDIDATES, timeout_s=900
         and say so), ``calibrated_with`` (the protocol), ``calibration``
         (:func:`hetsync.bench.calibrate.calibrate`'s dict), ``shaped_step_ms``, ``unshaped_step_ms``,
         ``comm_fraction`` (None when a run failed), ``shaped_overrun_fraction``,
-        ``unshaped_overrun_fraction`` and ``error`` (str) when a run failed.
+        ``unshaped_overrun_fraction``, ``error`` (str) when a run failed, and ``alphabeta``
+        (:func:`hetsync.bench.alphabeta.measure`'s document, or ``{"error": ...}``).
     """
     spec = cell.cluster
     device = device_only(cell.scenario)
@@ -175,10 +178,27 @@ def prepare(cell, job_argv, out_dir, cache, candidates=CANDIDATES, timeout_s=900
     except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"comm_fraction of {cell.key} not measured: {out['error'][:300]}")
+    out["alphabeta"] = _alphabeta_of(spec, used, out_dir, timeout_s, log, cell.key)
     with open(os.path.join(out_dir, "prepare.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
     cache[key] = out
     return out
+
+
+def _alphabeta_of(spec, dilation, out_dir, timeout_s, log, key):
+    """The alpha-beta microbenchmark on the cell's shaped links at ``dilation``
+    (:func:`hetsync.bench.alphabeta.measure`), its largest message the gradient of the shaped BSP run's model;
+    ``{"error": ...}`` when it failed."""
+    try:
+        with open(os.path.join(out_dir, "bsp-shaped", "summary.json")) as f:
+            grad = json.load(f).get("gradient_bytes")
+        if not grad:
+            raise ValueError("the shaped BSP run's summary names no gradient_bytes")
+        return _alphabeta.measure(dataclasses.replace(spec, dilation=dilation), int(grad),
+                                  os.path.join(out_dir, "alphabeta"), timeout_s=timeout_s)
+    except (OSError, ValueError, RuntimeError) as exc:
+        log(f"alpha-beta microbenchmark of {key} failed: {exc}"[:400])
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
 def with_dilation(spec, dilation):

@@ -28,7 +28,8 @@ import time
 
 from hetsync.emulation import scenario as _slowdown
 from hetsync.emulation.cluster.spec import ClusterSpec
-from hetsync.bench import cluster_cells as _cluster_cells, efficiency, launch, progress as _progress
+from hetsync.bench import alphabeta as _alphabeta, cluster_cells as _cluster_cells, efficiency, launch, \
+    progress as _progress
 from hetsync.bench.results import (  # noqa: F401 - the figures' names, kept importable from here
     AGG_FIELDS, E_FLAG, METRICS, add_ratios, aggregate, analyse_run, protocol_label)
 
@@ -547,6 +548,11 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log, prepared
             rec.update(analyse_run(run_dir, solo))
             if prepared is not None:
                 rec["protocol_label"] = proto
+                if (prepared.get("alphabeta") or {}).get("fit"):
+                    name, vargs = _cluster_cells.parse_variant(proto)
+                    args = dict(kv.split("=", 1) for kv in (*proto_args, *vargs))
+                    rec.update(_alphabeta.model_figures(prepared["alphabeta"], _cluster_cells.with_dilation(
+                        cell.cluster, dilation), name, args, run_dir, rec.get("efficiency_analytic")))
         except (OSError, ValueError, KeyError, IndexError) as exc:
             failed = f"unusable output: {type(exc).__name__}: {exc}"
     rec["status"] = "ok" if failed is None else "failed"

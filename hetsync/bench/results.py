@@ -46,7 +46,8 @@ def analyse_run(run_dir, solo):
     dilation = float(s.get("dilation") or 1.0)  # a dilated run's devices are D times slower in wall time
     analytic = efficiency.analytic_solo(s["scenario"], s["world_size"], s["batch_size"]) \
         if s.get("scenario") and s.get("batch_size") else None
-    analytic = [v / dilation for v in analytic] if analytic else analytic
+    # the workers' devices only: a parameter-server protocol's last ranks serve and train nothing
+    analytic = [v / dilation for v in analytic[:int(s.get("workers") or len(analytic))]] if analytic else analytic
     e_analytic = efficiency.efficiency(rates["samples_per_s"], analytic) if analytic else None
     e_measured = (efficiency.efficiency(rates["samples_per_s"], solo["samples_per_s"])
                   if "samples_per_s" in solo else None)
@@ -139,7 +140,8 @@ def _stats(values):
 
 AGG_FIELDS = METRICS + ("bsp_expected_efficiency", "bsp_expected_efficiency_analytic", "speedup_time_to_target",
                         "samples_per_s_ratio", "steps_per_s_ratio", "efficiency_ratio", "step_ms_ratio",
-                        "accuracy_delta", "statistical_efficiency", "heterogeneity_tax", "comm_fraction", "dilation")
+                        "accuracy_delta", "statistical_efficiency", "heterogeneity_tax", "comm_fraction", "dilation",
+                        "efficiency_model", "efficiency_model_gap")
 
 
 def aggregate(runs):

@@ -5,7 +5,7 @@ __all__ = ["markdown_table", "micro_table", "HEADERS"]
 
 HEADERS = ["ranks", "data/scenario", "protocol", "time to target s", "speed-up vs BSP", "samples to target",
            "statistical efficiency", "heterogeneity tax", "final acc", "acc - BSP", "step ms / BSP's", "samples/s",
-           "host ms", "E", "E analytic", "E (BSP expected)", "overrun steps", "reached"]
+           "host ms", "E", "E analytic", "E model", "E (BSP expected)", "overrun steps", "reached"]
 
 
 def _cell(stat, spec, suffix=""):
@@ -26,6 +26,8 @@ def markdown_table(results, emulated=None):
     Samples to target, statistical efficiency (BSP's samples to target over the row's), the
     heterogeneity tax (time to target over BSP's on the homogeneous twin, where it ran) and host ms
     (median milliseconds per step outside the device time) are defined in :mod:`hetsync.bench.progress`.
+    "E analytic" is the run's samples/s over the devices' analytic solo speeds; "E model" the E that the alpha-beta
+    model of the cell's links predicts (cluster cells: :mod:`hetsync.bench.alphabeta`; "-" elsewhere).
 
     Args:
         results: dict from :func:`hetsync.bench.matrix.run_matrix`.
@@ -56,7 +58,7 @@ def markdown_table(results, emulated=None):
                      _cell(a["samples_per_s"], ".0f"), _cell(a.get("host_ms_median"), ".1f"),
                      _cell(a["efficiency"], ".2f") + ("*" if a.get("not_concurrent") else "")
                      + (" !" if a.get("e_flagged") else ""),
-                     _cell(a.get("efficiency_analytic"), ".2f"),
+                     _cell(a.get("efficiency_analytic"), ".2f"), _cell(a.get("efficiency_model"), ".2f"),
                      _cell(bsp_e or a["bsp_expected_efficiency"], ".2f"), overrun, reached])
     text = tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True)
     notes = []

@@ -54,7 +54,10 @@ class SyncMetrics(keras.callbacks.Callback):
     names the rank's ``host`` (its hostname) and the ``protocol`` it ended with. A run of :func:`hetsync.Auto` is
     reported as ``protocol: "auto"`` with Auto's configuration; the summary's ``chosen_by`` (None otherwise) holds
     the choice (:func:`hetsync.core.wrapper.chosen_by`: the chosen ``protocol`` and ``config``, the ``step`` after
-    which it was made, the ``predicted`` ranking, the ``reasons``), and ``stats`` are the chosen protocol's. At the end, all ranks allgather their totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
+    which it was made, the ``predicted`` ranking, the ``reasons``), and ``stats`` are the chosen protocol's. The
+    summary also holds the model's ``gradient_bytes`` (int, bytes of one gradient of its trainable variables) and
+    ``variable_bytes`` (list of int, per trainable variable in model order). At the end, all ranks allgather their
+    totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
     Args:
         log_dir: str path of the output folder (created).
@@ -246,6 +249,7 @@ class SyncMetrics(keras.callbacks.Callback):
             "overrun_fraction": overruns / emulated if emulated else 0.0,
             "emulation_valid": (overruns <= OVERRUN_WARN_FRACTION * emulated) if emulated else None,
             "faults": [f for r in self.per_rank for f in r["faults"]],
+            **self._gradient_size(),
         }
         if self.rank == 0 and emulated and overruns > OVERRUN_WARN_FRACTION * emulated:
             log.warning("hetsync: %d of %d emulated steps (%.1f%%) overran their device time (per rank: %s): the "
@@ -253,6 +257,15 @@ class SyncMetrics(keras.callbacks.Callback):
                         "cluster; raise MS or lower the load", overruns, emulated, 100.0 * overruns / emulated,
                         [r["overrun_steps"] for r in self.per_rank])
         self.write_summary()
+
+    def _gradient_size(self):
+        """``variable_bytes`` (list of int, bytes of each trainable variable in model order) and ``gradient_bytes``
+        (int, their sum: one gradient's bytes), from the model's trainable variables; ``{}`` without a model."""
+        model = getattr(self, "model", None)
+        if model is None:
+            return {}
+        sizes = [int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.trainable_variables]
+        return {"variable_bytes": sizes, "gradient_bytes": int(sum(sizes))}
 
     def write_summary(self, **extra):
         """Merge ``extra`` fields into :attr:`summary` and write ``log_dir/summary.json`` (rank 0 only).

@@ -74,6 +74,7 @@ def test_horovodrun_trains_bsp_across_two_hosts_with_no_ssh_flags(tmp_path):
     assert summary["collectives"] == "gloo"  # 4 ranks on 2 cores: the cluster puts horovod on Gloo
     assert summary["dilation"] == 2.0 and all(_emulated_ms(tmp_path / "job", r) == {20.0} for r in range(4))
     assert summary["weights_in_sync"] and summary["steps"] == 2 * 11  # 359 samples per rank: 11 steps of 32
+    assert summary["gradient_bytes"] == GRAD_BYTES and sum(summary["variable_bytes"]) == GRAD_BYTES
     # each step's allreduce between 2 hosts moves at least one gradient (the mlp's 9,610 float32 weights,
     # 38,440 bytes) over each link in each direction
     assert all(link["from_host_bytes"] > summary["steps"] * GRAD_BYTES and link["to_host_bytes"] > summary["steps"]
@@ -92,6 +93,27 @@ def test_every_protocol_trains_across_two_hosts(tmp_path, protocol):
     assert summary["final_test_accuracy"] > 0.5, summary["final_test_accuracy"]
     assert all(link["from_host_bytes"] > GRAD_BYTES and link["to_host_bytes"] > GRAD_BYTES
                for link in links.values()), links
+
+
+@pytest.mark.slow
+def test_the_alpha_beta_microbenchmark_measures_the_shaped_link_and_tears_down(tmp_path):
+    """2 hosts x 1 rank at 100 Mbit/s: the collective's and the point-to-point messages' fitted rates are the
+    shaped link's (within what TCP and the transport lose), and the model built from them predicts the largest
+    message's measured time within 10%."""
+    from hetsync.bench import alphabeta
+    from hetsync.emulation.cluster.spec import ClusterSpec
+
+    spec = ClusterSpec(hosts=2, slots=1, link="100mbit")
+    doc = alphabeta.measure(spec, 1 << 20, str(tmp_path / "ab"), timeout_s=240)
+    fit, rate = doc["fit"], 100e6 / 8
+    assert doc["host_names"] == ["h0", "h1"] and doc["peer"] == 1 and len(doc["points"]) == 10
+    assert 0.5 * rate < fit["ring_bytes_per_s"] <= 1.05 * rate, fit
+    assert 0.3 * rate < fit["p2p_bytes_per_s"] <= 1.05 * rate, fit
+    net = alphabeta.network_from_fit(fit, 2, "h0:1,h1:1", "100mbit")
+    top = doc["points"][-1]
+    assert net.allreduce_s(top["bytes"]) == pytest.approx(top["allreduce_s"], rel=0.10)
+    assert net.p2p_s(top["bytes"], 0, 1) == pytest.approx(top["p2p_s"], rel=0.10)
+    assert doc["network"]["p2p_efficiency"] <= 1.0 and not list_clusters()
 
 
 @pytest.mark.slow

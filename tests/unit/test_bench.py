@@ -121,6 +121,11 @@ def test_emulated_run_gets_analytic_e_and_flags(tmp_path):
             if line.startswith("|") and "digits/x" in line]
     assert len(data) == 1 and data[0][:3] == ["2", "digits/x", "bsp"], md  # ranks of the row (np), cell, protocol
     assert "1.14 !" in md and "1.2% !" in md and "E ! :" in md and "overrun ! :" in md  # E column: measured
+    # where ranks serve parameters, E analytic is over the workers' devices only (workers come first)
+    s.update(scenario="device:10+deterministic:1:2", workers=1)
+    path.write_text(json.dumps(s))
+    fig = matrix.analyse_run(str(tmp_path / "run"), {"samples_per_s": [3200.0, 1600.0]})
+    assert fig["efficiency_analytic"] == pytest.approx(4800 / 3200)
 
 
 def test_cells_with_their_own_ranks_protocols_and_epochs(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@
 cells, and the launch of a cluster cell's run. The real launches are in tests/mp/test_cluster_mp.py."""
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -59,10 +60,17 @@ def test_prepare_calibrates_with_the_candidate_then_runs_bsp_shaped_and_unshaped
     def fake_trial(spec, job, out, timeout_s):
         calls.append(("trial", spec.link, spec.dilation, spec.host_links, job[job.index("--protocol") + 1]))
         _records(out, 0, [1, 1, 600, 600] if spec.link == UNSHAPED else [1, 1, 1000, 1000, 1000])
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump({"gradient_bytes": 7_454_760}, f)
         return {"ok": True, "overrun_fraction": 0.0}
+
+    def fake_measure(spec, gradient_bytes, out_dir, timeout_s):
+        calls.append(("alphabeta", spec.link, spec.dilation, spec.host_links, gradient_bytes))
+        return {"fit": {"alpha_s": 1e-4}}
 
     monkeypatch.setattr(cluster_cells._calibrate, "calibrate", fake_calibrate)
     monkeypatch.setattr(cluster_cells._calibrate, "trial", fake_trial)
+    monkeypatch.setattr(cluster_cells._alphabeta, "measure", fake_measure)
     spec = ClusterSpec(hosts=4, slots=2, link="10gbit", host_links=(("h2", "2.5gbit"),))
     cell = matrix.Cell("mnist", "device:10+random:6", np=8, protocols=("bsp", "rna(probes=2)"), cluster=spec,
                        model="wide")
@@ -77,10 +85,13 @@ def test_prepare_calibrates_with_the_candidate_then_runs_bsp_shaped_and_unshaped
     assert argv[argv.index("--protocol") + 1] == "rna" and argv[-2:] == ("--protocol-arg", "probes=2")
     assert calls[1] == ("trial", "10gbit", 60.0, (("h2", "2.5gbit"),), "bsp")  # the cell's own links
     assert calls[2] == ("trial", UNSHAPED, 60.0, (), "bsp")
+    # then the alpha-beta microbenchmark on the cell's shaped links at D, up to the model's gradient
+    assert calls[3] == ("alphabeta", "10gbit", 60.0, (("h2", "2.5gbit"),), 7_454_760)
+    assert got["alphabeta"] == {"fit": {"alpha_s": 1e-4}}
     # another cell on the same cluster, model, device and candidate: no second calibration
     other = matrix.Cell("mnist", "device:10+random:3", np=8, protocols=("rna(probes=2)",), cluster=spec, model="wide")
     assert cluster_cells.prepare(other, job, str(tmp_path / "b"), cache, log=lambda m: None) is got
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 def test_the_cluster_preset_plans_exactly_its_variants_and_launches_on_the_cluster(monkeypatch, tmp_path):
@@ -139,3 +150,22 @@ def test_pairs_put_each_cells_candidate_against_its_reference_seed_by_seed():
     assert row["overrun_fraction_max"] == 0.002 and row["comm_fraction"] == 0.5 and row["dilation"] == 60.0
     table = cluster_cells.pair_table([row])
     assert "| rna vs bsp | 1.48x | 0.50x | 4.00x | 0.50 | 60 | 0.2% |" in table
+
+
+def test_a_cluster_run_is_put_beside_the_e_its_cells_alpha_beta_model_predicts(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_DATA_DIR", str(tmp_path))
+    preset = matrix.PRESETS["cluster"]
+    cell = next(c for c in preset.cells if c.protocols[0] == "bsp")  # 4 x 2 hosts at 10 Gbit/s
+    run_dir = tmp_path / "run"
+    os.makedirs(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps({"scenario": "device:10", "world_size": 8, "batch_size": 32,
+                                                      "gradient_bytes": 4 * 1_863_690}))
+    monkeypatch.setattr(matrix.launch, "run", lambda *a, **k: subprocess.CompletedProcess(a[0], 0, "", ""))
+    monkeypatch.setattr(matrix, "analyse_run", lambda run_dir, solo: {"efficiency_analytic": 0.5})
+    # a ring edge of 1 Gbit/s in the dilated (D = 10) cluster's wall time: 10 Gbit/s emulated, no latency
+    fit = {"alpha_s": 0.0, "overhead_s": 0.0, "ring_bytes_per_s": 1e9 / 8, "p2p_bytes_per_s": None}
+    rec = matrix._one_run(preset, 0, cell, "bsp", str(run_dir), (), {}, log=lambda m: None,
+                          prepared={"dilation": 10.0, "comm_fraction": 0.5, "alphabeta": {"fit": fit}})
+    allreduce_ms = 2 * 7 / 8 * 4 * 1_863_690 / 1.25e9 * 1e3
+    assert rec["status"] == "ok" and rec["efficiency_model"] == pytest.approx(10 / (10 + allreduce_ms))
+    assert rec["efficiency_model_gap"] == pytest.approx(0.5 / rec["efficiency_model"] - 1)

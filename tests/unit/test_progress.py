@@ -135,6 +135,10 @@ def test_step_records_count_samples_exactly_and_time_outside_the_device(tmp_path
     assert metrics.per_rank[0]["samples"] == 384
     assert all(b["unix_s"] > a["unix_s"] for a, b in zip(recs, recs[1:]))
     assert all(0.0 <= r["host_ms"] <= r["step_ms"] / r["steps_in_call"] for r in recs)
+    # the gradient's size, per variable and in all: Dense(4 -> 2) is a [4, 2] kernel and a [2] bias of float32
+    with open(os.path.join(tmp_path, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["variable_bytes"] == [32, 8] and summary["gradient_bytes"] == 40
 
 
 def test_a_partial_last_batch_is_not_over_counted():

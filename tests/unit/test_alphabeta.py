@@ -1,0 +1,99 @@
+"""The alpha-beta microbenchmark's fit and the analytic E with communication (hetsync.bench.alphabeta), without
+launches: message sizes, the line through timed points, the network model recovered from synthetic timings of a
+known network at a time dilation, and BSP's closed-form E on it."""
+import json
+
+import pytest
+
+from hetsync.bench import alphabeta
+from hetsync.emulation.cluster.spec import ClusterSpec
+from hetsync.sim import network
+
+
+def test_sizes_are_the_powers_of_four_below_the_gradient_and_the_gradient_itself():
+    assert alphabeta.sizes_up_to(64) == [4, 16, 64]
+    assert alphabeta.sizes_up_to(7_454_760)[-2:] == [4 ** 11, 7_454_760]
+    assert alphabeta.sizes_up_to(100) == [4, 16, 64, 100]
+    assert alphabeta.sizes_up_to(1023) == [4, 16, 64, 256, 1020]  # whole float32 values
+    for bad in (10, 63.0, True, None):
+        with pytest.raises(ValueError, match="max_bytes"):
+            alphabeta.sizes_up_to(bad)
+
+
+def test_the_line_through_exact_points_is_recovered_and_flat_times_are_refused():
+    sizes = [4, 64, 1024, 65536, 1 << 20]
+    fit = alphabeta.fit_line(sizes, [0.002 + 3e-8 * m for m in sizes])
+    assert fit["c0_s"] == pytest.approx(0.002, rel=1e-6) and fit["c1_s_per_byte"] == pytest.approx(3e-8, rel=1e-6)
+    assert fit["max_rel_error"] < 1e-6
+    with pytest.raises(ValueError, match="do not grow"):
+        alphabeta.fit_line(sizes, [0.01, 0.009, 0.008, 0.007, 0.006])
+    with pytest.raises(ValueError, match="at least 3 points"):
+        alphabeta.fit_line([4, 8], [0.1, 0.2])
+    with pytest.raises(ValueError, match="seconds > 0"):
+        alphabeta.fit_line(sizes, [0.1, 0.0, 0.2, 0.3, 0.4])
+
+
+def _timings(net, sizes, d, peer):
+    """Wall seconds on a cluster dilated by D whose network, in the emulated cluster's time, is ``net``: every
+    figure D times longer."""
+    return [{"bytes": m, "allreduce_s": d * net.allreduce_s(m), "p2p_s": d * net.p2p_s(m, 0, peer)} for m in sizes]
+
+
+def test_the_network_is_recovered_from_timings_of_a_known_network_at_a_dilation():
+    d = 60.0
+    truth = network.Network.from_spec(8, hosts="4x2", link="10gbit", latency_ms=0.05, overhead_ms=1.5,
+                                      p2p_efficiency=0.6)
+    # what an efficiency below the set rate looks like: the collective reaches 80% of 10 Gbit/s
+    truth = network.Network(truth.slots, tuple(0.8 * r for r in truth.link_bytes_per_s), alpha_s=truth.alpha_s,
+                            overhead_s=truth.overhead_s, p2p_efficiency=0.6)
+    sizes = alphabeta.sizes_up_to(7_454_760)
+    fit = alphabeta.fit_measurements(_timings(truth, sizes, d, peer=2), 8)
+    net = alphabeta.network_from_fit(fit, 8, "h0:2,h1:2,h2:2,h3:2", "10gbit", dilation=d)
+    assert net.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert net.overhead_s == pytest.approx(truth.overhead_s, rel=1e-6)
+    assert net.link_bytes_per_s == pytest.approx(truth.link_bytes_per_s, rel=1e-6)
+    assert net.p2p_efficiency == pytest.approx(0.6, rel=1e-6)
+    for m in (4, 4096, 7_454_760):
+        assert net.allreduce_s(m) == pytest.approx(truth.allreduce_s(m), rel=1e-6)
+        assert net.p2p_s(m, 0, 2) == pytest.approx(truth.p2p_s(m, 0, 2), rel=1e-6)
+
+
+def test_a_mixed_network_keeps_its_slow_host_and_p2p_never_beats_the_link():
+    fit = {"alpha_s": 1e-4, "overhead_s": 2e-3, "ring_bytes_per_s": 2.5e9 / 8 / 60, "p2p_bytes_per_s": 1e12}
+    net = alphabeta.network_from_fit(fit, 8, "h0:2,h1:2,h2:2,h3:1,h4:1", "10gbit", host_links=(("h2", "2.5gbit"),),
+                                     dilation=60.0)
+    assert net.link_bytes_per_s[2] == pytest.approx(2.5e9 / 8) and net.link_bytes_per_s[0] == pytest.approx(1.25e9)
+    assert net.p2p_efficiency == 1.0
+    assert net.alpha_s == pytest.approx(1e-4 / 60)
+    with pytest.raises(ValueError, match="dilation"):
+        alphabeta.network_from_fit(fit, 8, "4x2", "10gbit", dilation=0.5)
+
+
+def test_bsp_analytic_e_on_a_homogeneous_device_is_device_time_over_device_time_plus_the_allreduce():
+    net = network.Network.from_spec(8, hosts="4x2", link="1gbit")
+    grad = 4 * 1_863_690
+    e = alphabeta.analytic_efficiency("bsp", {}, "device:40", 8, net, grad, 32)
+    assert e == pytest.approx(40.0 / (40.0 + net.allreduce_s(grad) * 1e3), rel=1e-9)
+    # servers train nothing: a parameter server's E is over its 6 workers, and layer-wise sharding is slower
+    mem = alphabeta.analytic_efficiency("shat", {"servers": "2", "sharding": "memory"}, "device:40", 8, net, grad, 32)
+    layer = alphabeta.analytic_efficiency("shat", {"servers": "2", "sharding": "layer"}, "device:40", 8, net, grad, 32,
+                                          variable_bytes=[4 * 802_816 + 4 * 1024 + 4 * 1_048_576, 4 * 1024,
+                                                          4 * 10_240, 40])
+    assert 0 < layer < mem <= 1.0
+    with pytest.raises(ValueError):
+        alphabeta.analytic_efficiency("nosuch", {}, "device:40", 8, net, grad, 32)
+
+
+def test_a_run_is_compared_with_the_model_and_a_summary_without_gradient_size_says_why(tmp_path):
+    spec = ClusterSpec(hosts=4, slots=2, link="1gbit", dilation=10.0)
+    fit = {"alpha_s": 0.0, "overhead_s": 0.0, "ring_bytes_per_s": 1e9 / 8 / 10, "p2p_bytes_per_s": None}
+    doc = {"fit": fit}
+    (tmp_path / "summary.json").write_text(json.dumps({"scenario": "device:40", "world_size": 8, "batch_size": 32,
+                                                       "gradient_bytes": 400_000}))
+    out = alphabeta.model_figures(doc, spec, "bsp", {}, str(tmp_path), 0.5)
+    ar_ms = 2 * 7 / 8 * 400_000 / (1e9 / 8) * 1e3
+    assert out["efficiency_model"] == pytest.approx(40 / (40 + ar_ms))
+    assert out["efficiency_model_gap"] == pytest.approx(0.5 / out["efficiency_model"] - 1)
+    (tmp_path / "summary.json").write_text(json.dumps({"scenario": "device:40", "world_size": 8, "batch_size": 32}))
+    out = alphabeta.model_figures(doc, spec, "bsp", {}, str(tmp_path), 0.5)
+    assert out["efficiency_model"] is None and "gradient_bytes" in out["efficiency_model_error"]
