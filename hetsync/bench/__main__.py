@@ -74,6 +74,11 @@ def parse_args(argv=None):
                    help="also run BSP on each emulated heterogeneous cell's homogeneous twin (every rank at the "
                         "scenario's mean step, the same total speed): the reference of the heterogeneity tax")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", default=None, metavar="JSON",
+                   help="keep the runs an earlier results.json (or its summary under docs/results/) of this preset "
+                   "records as ok, with its cells' calibrations; launch only the others")
+    p.add_argument("--time-cap-min", type=float, default=None, metavar="M",
+                   help="start no new run after M minutes (resume later with --resume)")
     args = p.parse_args(argv)
 
     preset = matrix.PRESETS[args.preset]
@@ -127,6 +132,16 @@ def parse_args(argv=None):
             _protocols.parse_protocol_args(proto, pairs)
         if args.micro_repeats <= 0:
             raise ValueError(f"--micro-repeats must be positive, got {args.micro_repeats}")
+        if args.time_cap_min is not None and not args.time_cap_min > 0:
+            raise ValueError(f"--time-cap-min must be a positive number of minutes, got {args.time_cap_min}")
+        args.resume_doc = None
+        if args.resume:
+            from hetsync.bench import record
+
+            try:
+                args.resume_doc = record.load_resume(args.resume, preset.name)
+            except OSError as exc:
+                raise ValueError(f"--resume {args.resume}: {exc}") from exc
     except ValueError as exc:
         p.error(str(exc))
     if args.data_dir is not None:  # the launched jobs read it from their environment
@@ -155,11 +170,17 @@ def main(argv=None):
     out = args.out or os.path.join("runs", f"bench-{preset.name}")
     order = matrix.plan(preset, names)
     if args.dry_run:
-        est = len(order) * matrix.LAUNCH_ESTIMATE_S + len(preset.cells) * matrix.SOLO_ESTIMATE_S
-        print(f"{len(order)} training launches + {len(preset.cells)} solo measurements ({preset.np} ranks unless a cell "
-              "names its own); "
+        from hetsync.bench import cluster_cells
+
+        est = sum(cluster_cells.LAUNCH_ESTIMATE_S if c.cluster is not None else matrix.LAUNCH_ESTIMATE_S
+                  for _, c, _ in order) + sum(cluster_cells.PREPARE_ESTIMATE_S if c.cluster is not None
+                                               else matrix.SOLO_ESTIMATE_S for c in preset.cells)
+        print(f"{len(order)} training launches + {len(preset.cells)} solo measurements or cluster calibrations "
+              f"({preset.np} ranks unless a cell names its own); "
               f"about {est / 60:.0f} min on a quiet 2-core machine ({matrix.LAUNCH_ESTIMATE_S:.0f} s per launch, "
-              f"{matrix.SOLO_ESTIMATE_S:.0f} s per solo measurement)")
+              f"{matrix.SOLO_ESTIMATE_S:.0f} s per solo measurement; on the multi-host cluster "
+              f"{cluster_cells.LAUNCH_ESTIMATE_S:.0f} s per launch, {cluster_cells.PREPARE_ESTIMATE_S:.0f} s per "
+              "cell's calibration)")
         for seed, cell, proto in order:
             print(f"  seed {seed}  {cell.key:<32} {proto}")
         return 0
@@ -180,8 +201,15 @@ def main(argv=None):
         print(table.micro_table(micro))
         if args.micro_only:
             return 0
+    resume = args.resume_doc
+    if resume is not None:
+        print(f"resuming: {len(resume['runs'])} runs of {args.resume} are kept", file=sys.stderr)
     results = matrix.run_matrix(preset, names, out, protocol_args=proto_args, progress=not args.no_progress,
-                                log=lambda s: print(s, file=sys.stderr))
+                                log=lambda s: print(s, file=sys.stderr), resume=resume,
+                                time_cap_s=None if args.time_cap_min is None else args.time_cap_min * 60.0)
+    if results.get("left"):
+        print(f"time cap: {results['left']} runs not started; continue with --resume {out}/results.json",
+              file=sys.stderr)
     results["micro"] = micro
     return _report(args, results, out, micro, preset)
 

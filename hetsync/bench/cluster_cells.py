@@ -33,6 +33,9 @@ from hetsync.emulation.cluster.spec import UNSHAPED, ClusterSpec
 __all__ = ["parse_variant", "cluster_label", "device_only", "median_step_ms", "comm_fraction", "prepare",
            "launch_command", "with_dilation", "CANDIDATES", "pair_ratios", "pair_table", "PAIR_FIGURES"]
 
+#: rough wall seconds of one cluster-cell launch at the dilations calibrated here (the ``cluster`` preset: 18
+#: runs and 3 cells' calibrations in 101 min), and of one cell's calibration, for ``--dry-run``'s estimate.
+LAUNCH_ESTIMATE_S, PREPARE_ESTIMATE_S = 270.0, 420.0
 #: the dilations a cluster cell's calibration tries, in order.
 CANDIDATES = (40.0, 60.0, 80.0, 120.0, 160.0)
 _VARIANT = re.compile(r"^([A-Za-z_][\w-]*)(?:\((.*)\))?$")

@@ -58,7 +58,11 @@ def results_section(results, image_rel, micro=None):
     load = ", ".join(f"{x:.2f}" for x in m["load_average"]) if m.get("load_average") else "n/a"
     lines = [
         f"Generated from one `{p['name']}` run on {m['date_utc']} "
-        f"({len(results['runs'])} launches, {results['wall_s'] / 60:.1f} min):",
+        f"({len(results['runs'])} launches, {results['wall_s'] / 60:.1f} min"
+        + (f"; {results['resumed']} of the runs kept from an earlier invocation (`--resume`)"
+           if results.get("resumed") else "")
+        + (f"; **{results['left']} runs not yet measured** (time cap: continue with `--resume`)"
+           if results.get("left") else "") + "):",
         "",
         "```",
         _command(results),
@@ -138,9 +142,14 @@ def summarize(results):
         "rows": [{"cell", "np", "dataset", "scenario", "cluster", "protocol", "label", "runs",
         "reached_target", "time_to_target_s", "speedup_time_to_target", "samples_to_target",
         "statistical_efficiency", "samples_per_s", "samples_per_s_ratio", "final_test_accuracy",
-        "overrun_fraction_max"}], "pairs": [...]}``; figures are medians over seeds (None where not
-        measured), ratios are BSP's figure over the protocol's for times and samples (> 1: the protocol wins).
+        "overrun_fraction_max"}], "pairs": [...], "runs": [...], "cells": {...}, "solo": {...}}``; figures are
+        medians over seeds (None where not measured), ratios are BSP's figure over the protocol's for times and
+        samples (> 1: the protocol wins). ``runs`` holds every run's figures
+        (:func:`hetsync.bench.record.compact_run`), ``cells`` the cluster cells' calibrations and ``solo`` the
+        solo speeds, so that ``hetsync-bench --resume`` can continue from the summary alone.
     """
+    from hetsync.bench import record
+
     m, p = results["machine"], results["preset"]
     rows = []
     for a in results["aggregate"]:
@@ -157,7 +166,9 @@ def summarize(results):
     return {"preset": p["name"], "date_utc": m["date_utc"], "launches": len(results["runs"]),
             "wall_s": round(float(results["wall_s"]), 1), "command": command,
             "machine": f"{m['cpu']}, {m['cores']} cores", "target": p.get("target"), "rows": rows,
-            "pairs": results.get("pairs") or []}
+            "pairs": results.get("pairs") or [], "runs": [record.compact_run(r) for r in results["runs"]],
+            "cells": results.get("cells") or {}, "solo": results.get("solo") or {},
+            "resumed": results.get("resumed", 0), "left": results.get("left", 0)}
 
 
 def write_summary(docs_dir, results):

@@ -16,11 +16,9 @@ solo speeds (b / expected step time of each rank), and a run is flagged when tha
 where each rank has a core of its own.
 """
 import dataclasses
-import datetime
 import re
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from hetsync.emulation import scenario as _slowdown
 from hetsync.emulation.cluster.spec import ClusterSpec
 from hetsync.bench import alphabeta as _alphabeta, cluster_cells as _cluster_cells, efficiency, launch, \
     progress as _progress
+from hetsync.bench.record import machine_description, run_key
 from hetsync.bench.results import (  # noqa: F401 - the figures' names, kept importable from here
     AGG_FIELDS, E_FLAG, METRICS, add_ratios, aggregate, analyse_run, protocol_label)
 
@@ -334,11 +333,30 @@ _CLUSTER_CELLS = (
          cluster=ClusterSpec(hosts=5, slots=2, link="1gbit", host_slots=_SERVERS_APART), model="wide"),
 )
 
+# The full matrix on the emulated multi-host cluster (``--preset cluster-full``, resumable with ``--resume``): every
+# protocol on 8 ranks, 10 Gbit/s links, the wide MLP on MNIST, under random:6 and under a fixed speed mix (two
+# ranks at half and quarter speed, among the first six so that they are workers in every cell). Collective and
+# peer-to-peer protocols on 4 hosts x 2; the parameter servers and hierarchical RNA on 6 workers (3 hosts x 2)
+# with their 2 servers on hosts of their own; each group against BSP on its own hosts. Plus the mixed network and
+# sharding cells of the headline preset.
+_FULL_MIX = "device:10+speeds:1,1,1,1,0.5,0.25,1,1"
+_PEER_PROTOCOLS = ("bsp", "rna", "hop", "hop(backup_workers=1)", "hop(staleness=2)", "hop(skip=2)", "notifyack",
+                   "localsgd", "fedavg", "selsync", "taskalloc(mode=adaptive)")
+_SERVER_PROTOCOLS = ("bsp", "asp(servers=2)", "shat(servers=2)", "shatroot(servers=2)", "ensemble(servers=2)",
+                     "ssp(servers=2)", "rnah(groups=host;servers=2)")
+_CLUSTER_SERVERS = ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=_SERVERS_APART)
+_CLUSTER_FULL_CELLS = tuple(
+    Cell("mnist", spec, seeds=(0, 1, 2), np=8, protocols=protos, epochs=2, cluster=cluster, model="wide")
+    for spec in ("device:10+random:6", _FULL_MIX)
+    for protos, cluster in ((_PEER_PROTOCOLS, _CLUSTER_4X2), (_SERVER_PROTOCOLS, _CLUSTER_SERVERS))) + \
+    _CLUSTER_CELLS[1:]
+
 #: rough cost on a quiet 2-core machine, for the ``--dry-run`` estimate (seconds per launch, per solo).
 LAUNCH_ESTIMATE_S, SOLO_ESTIMATE_S = 45.0, 40.0
 
 #: the named presets. ``quick``: a smoke check on the emulated cluster (about 5 min with every
-#: protocol); ``full``: the documentation's results report.
+#: protocol); ``full``: the documentation's results report; ``cluster``: the emulated multi-host cluster's headline
+#: cells (about 80 min); ``cluster-full``: every protocol there (hours: resumable, ``--resume``, ``--time-cap-min``).
 PRESETS = {
     "quick": Preset("quick", np=4, cells=(parse_cell("digits/device:30+random:6"),), seeds=(0,),
                     epochs={"digits": 6, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}),
@@ -346,6 +364,9 @@ PRESETS = {
                    target={"digits": 0.95, "mnist": 0.9}, evals=24),
     "cluster": Preset("cluster", np=8, cells=_CLUSTER_CELLS, seeds=(0, 1, 2), epochs={"digits": 2, "mnist": 2},
                       target={"digits": 0.85, "mnist": 0.85}, evals=12, timeout_s=1200.0),
+    "cluster-full": Preset("cluster-full", np=8, cells=_CLUSTER_FULL_CELLS, seeds=(0, 1, 2),
+                           epochs={"digits": 2, "mnist": 2}, target={"digits": 0.85, "mnist": 0.85}, evals=12,
+                           timeout_s=1200.0),
 }
 
 
@@ -421,44 +442,25 @@ def reanalyse(results, out_dir):
     return results
 
 
-def machine_description():
-    """dict describing this machine and software (CPU model, cores, memory, OS, versions, load)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    mem = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    versions = {}
-    for mod in ("tensorflow", "keras", "horovod", "mpi4py"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - report, never fail the benchmark over a version string
-            versions[mod] = f"unavailable ({type(exc).__name__})"
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "os": platform.platform(),
-            "python": platform.python_version(), "versions": versions,
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-
-
-def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, log=print):
-    """Run the whole matrix and return the results dict (also written to ``out_dir/results.json``).
+def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, log=print, resume=None,
+               time_cap_s=None):
+    """Run the whole matrix and return the results dict (also written to ``out_dir/results.json``, after every
+    run as well, so an interrupted matrix keeps what it measured).
 
     Args:
         preset: :class:`Preset` (validated here). protocols: list of protocol names; must contain
             "bsp" (the reference of every ratio). out_dir: str output folder.
         protocol_args: dict protocol -> list of ``"KEY=VALUE"`` (passed as ``--protocol-arg``).
         progress: bool, show a tqdm bar. log: callable(str) for messages.
+        resume: dict from :func:`hetsync.bench.record.load_resume` or None: its ``ok`` runs are kept, not
+            launched, and its cluster cells' calibrations and solo speeds are reused.
+        time_cap_s: float seconds or None: start no new run after this long (the runs left are counted).
 
     Returns:
         dict with ``preset``, ``protocols``, ``machine``, ``command``, ``solo`` (cell -> solo dict),
-        ``runs`` (list of per-run dicts), ``aggregate`` (see :func:`aggregate`), ``wall_s``.
+        ``runs`` (list of per-run dicts), ``aggregate`` (see :func:`aggregate`), ``wall_s``, ``cells``
+        (cluster cell -> its calibration), ``resumed`` (runs taken from ``resume``) and ``left`` (runs not
+        started: the time cap).
 
     A failed run or solo measurement is recorded (``status``/``error``) and logged; the matrix goes on.
 
@@ -480,13 +482,29 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
     bar = tqdm(total=len(order) + len(preset.cells), desc=f"hetsync-bench {preset.name}", unit="launch",
                disable=not progress, file=sys.stderr)
     cluster_cache = {}
+    resume = resume or {"runs": {}, "cells": {}, "solo": {}}
+    results.update(resumed=0, left=0)
+    keys = {c.key for c in preset.cells}
+    # a resumed cell keeps its calibration (D, comm_fraction, alpha-beta) and solo speeds: no second calibration
+    results["cells"] = {k: v for k, v in resume["cells"].items() if k in keys}
+    results["solo"].update({k: v for k, v in resume["solo"].items() if k in keys})
     try:
         for seed, cell, proto in order:
-            if cell.key not in results["solo"] and cell.cluster is not None:
+            done = resume["runs"].get(run_key(seed, cell.key, proto))
+            if done is not None:
+                results["runs"].append(dict(done))
+                results["resumed"] += 1
+                bar.update(1)
+                continue
+            if time_cap_s is not None and time.time() - t0 > time_cap_s:
+                results["left"] += 1
+                continue
+            if cell.cluster is not None and cell.key not in results["cells"]:
                 bar.set_postfix_str(f"calibration {cell.key}")
-                results.setdefault("cells", {})[cell.key] = _cluster_cells.prepare(
+                results["cells"][cell.key] = _cluster_cells.prepare(
                     cell, preset.job_argv(cell), os.path.join(out_dir, "cells", _slug(cell.key)), cluster_cache,
                     timeout_s=preset.timeout_s, log=log)
+            if cell.cluster is not None and cell.key not in results["solo"]:
                 results["solo"][cell.key] = {"error": "not measured on the emulated cluster: E against the devices' "
                                                       "analytic speeds only"}
             if cell.key not in results["solo"] and cell.twin_of:
@@ -508,8 +526,10 @@ def run_matrix(preset, protocols, out_dir, protocol_args=None, progress=True, lo
             run_dir = os.path.join(out_dir, "runs", f"seed{seed}", _slug(cell.key), proto)
             results["runs"].append(_one_run(preset, seed, cell, proto, run_dir,
                                             protocol_args.get(_cluster_cells.parse_variant(proto)[0], ()),
-                                            results["solo"][cell.key], log, results.get("cells", {}).get(cell.key)))
+                                            results["solo"][cell.key], log, results["cells"].get(cell.key)))
             bar.update(1)
+            with open(os.path.join(out_dir, "results.json"), "w") as f:  # what is measured so far
+                json.dump(results, f, indent=1, sort_keys=True, default=str)
     finally:
         bar.close()
     add_ratios(results["runs"])

@@ -239,11 +239,17 @@ def test_cli_rejects_bad_values_before_running(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HETSYNC_DATA_DIR", str(tmp_path))  # the mnist cells' data setting
     from hetsync.bench.__main__ import parse_args
 
+    docs_cluster = tmp_path / "cluster.json"
+    docs_cluster.write_text(json.dumps({"preset": "cluster", "runs": [{"seed": 0, "cell": "c", "protocol": "bsp",
+                                                                       "status": "ok"}]}))
     for args, msg in ((["--protocols", "bsp,nope"], "unknown protocol 'nope'"),
                       (["--np", "2", "--scenario", "speeds:1,1,1,0.5"], "does not fit 2 ranks"),
                       (["--protocol-arg", "bsp=1"], "PROTO:KEY=VALUE"),
                       (["--protocol-arg", "bsp:nope=1"], "takes no argument 'nope'"),
-                      (["--epochs", "0"], "--epochs must be positive")):
+                      (["--epochs", "0"], "--epochs must be positive"),
+                      (["--time-cap-min", "0"], "--time-cap-min must be a positive number of minutes"),
+                      (["--resume", str(tmp_path / "none.json")], "--resume"),
+                      (["--resume", str(docs_cluster)], "preset 'cluster', this invocation runs 'quick'")):
         with pytest.raises(SystemExit) as exc:
             parse_args(args)
         assert exc.value.code == 2 and msg in capsys.readouterr().err, args
