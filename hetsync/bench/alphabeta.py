@@ -10,16 +10,17 @@ parameters down (``prepare.json``); every run of the cell is then compared with 
 itself) it times horovod's allreduce of m bytes of float32 over every rank, and a point-to-point round trip of m
 bytes through the transport (the path Hop's updates and the parameter servers' shards take) between rank 0 and
 the first rank on another host (:func:`hetsync.advise.probe.measure_network`, the median of 5 repetitions).
-Rank 0 fits both by least squares on the relative error (:func:`fit_line`; Hockney's model):
+Rank 0 fits both (:func:`fit_line`; Hockney's model: the fixed cost from the small messages, the rate from the
+large ones, since the token bucket's burst lets mid-sized messages through faster than the link):
 
 * allreduce(m) = c0 + c1 m, the ring of :meth:`hetsync.sim.network.Network.allreduce_s` over p ranks:
   overhead + 2 (p - 1) alpha + 2 (p - 1) / p * m / beta;
 * p2p(m) = a + m / B, one way (half the round trip): alpha + m / (eta beta).
 
 **The network model** (:func:`network_from_fit`): alpha = a; the collective's fixed cost overhead =
-c0 - 2 (p - 1) alpha (at least 0); the ring's slowest edge beta = 2 (p - 1) / (p c1), and every host's link the
-rate the cluster set it to, scaled by beta over the slowest set rate (one efficiency for every link); the
-point-to-point fraction eta = B / beta (at most 1). Times are wall seconds of the dilated cluster; the model is
+c0 - 2 (p - 1) alpha (at least 0); the ring's slowest edge beta = 2 (p - 1) / (p c1); the links at max(beta, B),
+every host's the rate the cluster set it to scaled alike (one efficiency for every link), the collectives reaching
+beta / max(beta, B) of it and point-to-point messages B / max(beta, B). Times are wall seconds of the dilated cluster; the model is
 expressed in the emulated cluster's time (alpha and overhead divided by D, rates times D), as the simulator
 takes it.
 
@@ -44,6 +45,8 @@ __all__ = ["sizes_up_to", "fit_line", "fit_measurements", "network_from_fit", "a
 
 #: the fewest message sizes a line is fitted through.
 MIN_POINTS = 3
+#: messages of at most this many bytes give the fixed cost (their time is latency and negotiation, not bytes).
+SMALL_BYTES = 1024
 #: protocol arguments that change what is learnt, not when messages go (left out of the simulator's configuration).
 NOT_TIMING = ("lr", "update_rule", "data_plan", "timeout_s", "scale_lr", "momentum_correction")
 
@@ -71,33 +74,50 @@ def sizes_up_to(max_bytes):
 
 
 def fit_line(sizes, seconds):
-    """Least-squares line t = c0 + c1 m through timed messages, weighting each point by 1 / t (relative error,
-    so the small messages set the intercept and the large ones the slope).
+    """The line t = c0 + c1 m through timed messages: the fixed cost c0 from the small messages, the time per byte
+    c1 from the large ones.
+
+    c0 is the median over the messages of at most :data:`SMALL_BYTES` of their time less c1 m; c1 puts the line
+    through the largest message, the gradient the protocols send, so the model is exact at the size that
+    matters. A token bucket lets a burst of its depth through at the speed of the machine
+    (:mod:`hetsync.emulation.cluster`), so the mid-sized messages run faster than the link, and a least-squares
+    fit through every point would give a rate the link cannot carry.
 
     Args:
-        sizes: sequence of int bytes (at least :data:`MIN_POINTS`, not all equal).
+        sizes: sequence of int bytes (at least :data:`MIN_POINTS`, increasing or not, the largest at least 16
+            times the smallest).
         seconds: sequence of float seconds > 0, the same length.
 
     Returns:
         dict: ``c0_s`` (float seconds, the fixed cost), ``c1_s_per_byte`` (float seconds per byte),
-        ``max_rel_error`` (float, the worst |fit - t| / t over the points).
+        ``top_rel_error`` (float, |fit - t| / t at the largest message), ``max_rel_error`` (float, the worst over
+        every point: the burst's size shows here).
 
     Raises:
-        ValueError: fewer than :data:`MIN_POINTS` points, lengths that differ, a time not > 0, or a slope not > 0
-            (the times do not grow with the size: the link was not what was measured).
+        ValueError: fewer than :data:`MIN_POINTS` points, lengths that differ, sizes that span less than 16x, a
+            time not > 0, or a slope not > 0 (the times do not grow with the size: the link was not what was
+            measured).
     """
     m, t = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
-    if m.shape != t.shape or m.size < MIN_POINTS or len(set(m.tolist())) < 2:
-        raise ValueError(f"need at least {MIN_POINTS} points of distinct sizes, as many sizes as times; got "
-                         f"{len(m)} sizes and {len(t)} times")
+    if m.shape != t.shape or m.size < MIN_POINTS:
+        raise ValueError(f"need at least {MIN_POINTS} points, as many sizes as times; got {len(m)} sizes and "
+                         f"{len(t)} times")
+    if not m.max() >= 16 * max(m.min(), 1):
+        raise ValueError(f"the sizes must span at least 16x (small messages for the fixed cost, large ones for the "
+                         f"rate), got {m.tolist()}")
     if not np.all(t > 0) or not np.all(np.isfinite(t)):
         raise ValueError(f"times must be finite seconds > 0, got {t.tolist()}")
-    c1, c0 = np.polyfit(m, t, 1, w=1.0 / t)
+    small, top = m <= max(SMALL_BYTES, m.min()), int(np.argmax(m))
+    c0, c1 = float(np.median(t[small])), 0.0
+    for _ in range(4):  # the small messages' bytes cost c1 m too: the two estimates in turn (a contraction)
+        c1 = float((t[top] - c0) / m[top])
+        c0 = float(np.median(t[small] - c1 * m[small]))
     if not c1 > 0:
         raise ValueError(f"the fitted time per byte is {c1:.3g} s: the times {t.tolist()} do not grow with the "
                          f"sizes {m.tolist()}")
     err = np.abs((c0 + c1 * m) - t) / t
-    return {"c0_s": float(c0), "c1_s_per_byte": float(c1), "max_rel_error": float(err.max())}
+    return {"c0_s": c0, "c1_s_per_byte": c1, "top_rel_error": float(err[np.argmax(m)]),
+            "max_rel_error": float(err.max())}
 
 
 def fit_measurements(points, world_size):
@@ -140,9 +160,10 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
         dilation: float D >= 1 of the microbenchmark.
 
     Returns:
-        Network: alpha and overhead divided by D; each host's link rate its set rate times beta / (the slowest
-        set rate / D) (so the slowest edge of the ring is the measured beta, in emulated time); ``p2p_efficiency``
-        the point-to-point rate over beta (at most 1; 1 without point-to-point times).
+        Network: alpha and overhead divided by D; the links at the faster of the two measured rates (the ring's
+        beta and the point-to-point B), each host's its set rate scaled so that the slowest edge carries that rate
+        (times D: the emulated cluster's time); ``collective_efficiency`` beta over it and ``p2p_efficiency`` B over
+        it (both at most 1; B = beta without point-to-point times), so the model gives both measured rates.
 
     Raises:
         ValueError: a rate, host list or dilation the network model refuses.
@@ -154,12 +175,11 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
         raise ValueError(f"dilation must be a finite number >= 1, got {dilation!r}")
     base = network.Network.from_spec(np_, hosts=hosts, link=link, host_links=tuple(host_links))
     slow = base.ring()[1]  # the slowest set rate of the ring (emulated bytes/s)
-    scale = fit["ring_bytes_per_s"] * d / slow
-    eta = 1.0
-    if fit.get("p2p_bytes_per_s"):
-        eta = min(1.0, fit["p2p_bytes_per_s"] / fit["ring_bytes_per_s"])
-    return network.Network(base.slots, tuple(r * scale for r in base.link_bytes_per_s), alpha_s=fit["alpha_s"] / d,
-                           overhead_s=fit["overhead_s"] / d, p2p_efficiency=eta)
+    ring, p2p = fit["ring_bytes_per_s"], fit.get("p2p_bytes_per_s") or fit["ring_bytes_per_s"]
+    fast = max(ring, p2p)  # the link carries at least what the faster of the two reached
+    return network.Network(base.slots, tuple(r * fast * d / slow for r in base.link_bytes_per_s),
+                           alpha_s=fit["alpha_s"] / d, overhead_s=fit["overhead_s"] / d,
+                           p2p_efficiency=p2p / fast, collective_efficiency=ring / fast)
 
 
 def sim_config(protocol, args, variable_bytes=None):

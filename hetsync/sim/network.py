@@ -93,6 +93,9 @@ class Network:
             crosses a rate-limited link (TCP's window, the rendezvous handshake of a large message) reaches less.
             Collectives keep the full rate (a ring allreduce pipelines its segments). The validation calibrates
             it from a probe (:func:`hetsync.bench.simfit.calibrate_p2p_efficiency`).
+        collective_efficiency: float in (0, 1], the same for the collectives' ring between hosts (1 by default; the
+            alpha-beta microbenchmark of the links, :mod:`hetsync.bench.alphabeta`, measures it where a collective
+            reaches less of the link than point-to-point messages do).
     """
 
     slots: tuple
@@ -102,6 +105,7 @@ class Network:
     local_bytes_per_s: float = DEFAULT_LOCAL_BYTES_PER_S
     overhead_s: float = DEFAULT_OVERHEAD_S
     p2p_efficiency: float = 1.0
+    collective_efficiency: float = 1.0
 
     def __post_init__(self):
         if len(self.slots) != len(self.link_bytes_per_s) or not self.slots:
@@ -114,9 +118,10 @@ class Network:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
-        if not (0.0 < self.p2p_efficiency <= 1.0):
-            raise ValueError(f"p2p_efficiency must be in (0, 1] (a fraction of the link rate), got "
-                             f"{self.p2p_efficiency!r}")
+        for name in ("p2p_efficiency", "collective_efficiency"):
+            if not (0.0 < getattr(self, name) <= 1.0):
+                raise ValueError(f"{name} must be in (0, 1] (a fraction of the link rate), got "
+                                 f"{getattr(self, name)!r}")
         object.__setattr__(self, "_host", tuple(h for h, s in enumerate(self.slots) for _ in range(s)))
 
     @classmethod
@@ -201,7 +206,8 @@ class Network:
         hosts = {self._host[r] for r in ranks}
         if len(hosts) == 1:
             return self.local_alpha_s, self.local_bytes_per_s
-        return self.alpha_s, min(min(self.link_bytes_per_s[h] for h in hosts), self.local_bytes_per_s)
+        return self.alpha_s, min(min(self.link_bytes_per_s[h] for h in hosts) * self.collective_efficiency,
+                                 self.local_bytes_per_s)
 
     def allreduce_s(self, nbytes, ranks=None):
         """Seconds (float) of a ring allreduce of ``nbytes`` (per rank, int >= 0) over ``ranks`` (default all):
@@ -226,4 +232,5 @@ class Network:
         return {"hosts": self.hosts, "slots": list(self.slots),
                 "link_gbit_s": [None if math.isinf(b) else b * 8 / 1e9 for b in self.link_bytes_per_s],
                 "alpha_ms": self.alpha_s * 1e3, "overhead_ms": self.overhead_s * 1e3,
-                "local_gbyte_s": self.local_bytes_per_s / 1e9, "p2p_efficiency": self.p2p_efficiency}
+                "local_gbyte_s": self.local_bytes_per_s / 1e9, "p2p_efficiency": self.p2p_efficiency,
+                "collective_efficiency": self.collective_efficiency}

@@ -98,15 +98,15 @@ def test_every_protocol_trains_across_two_hosts(tmp_path, protocol):
 @pytest.mark.slow
 def test_the_alpha_beta_microbenchmark_measures_the_shaped_link_and_tears_down(tmp_path):
     """2 hosts x 1 rank at 100 Mbit/s: the collective's and the point-to-point messages' fitted rates are the
-    shaped link's (within what TCP and the transport lose), and the model built from them predicts the largest
-    message's measured time within 10%."""
+    shaped link's (less what TCP and the transport lose; at most the 3% that the token bucket's 128 KiB burst adds
+    to a 4 MiB message), and the model built from them gives the largest message's measured time within 10%."""
     from hetsync.bench import alphabeta
     from hetsync.emulation.cluster.spec import ClusterSpec
 
     spec = ClusterSpec(hosts=2, slots=1, link="100mbit")
-    doc = alphabeta.measure(spec, 1 << 20, str(tmp_path / "ab"), timeout_s=240)
+    doc = alphabeta.measure(spec, 4 << 20, str(tmp_path / "ab"), timeout_s=240)
     fit, rate = doc["fit"], 100e6 / 8
-    assert doc["host_names"] == ["h0", "h1"] and doc["peer"] == 1 and len(doc["points"]) == 10
+    assert doc["host_names"] == ["h0", "h1"] and doc["peer"] == 1 and len(doc["points"]) == 11
     assert 0.5 * rate < fit["ring_bytes_per_s"] <= 1.05 * rate, fit
     assert 0.3 * rate < fit["p2p_bytes_per_s"] <= 1.05 * rate, fit
     net = alphabeta.network_from_fit(fit, 2, "h0:1,h1:1", "100mbit")

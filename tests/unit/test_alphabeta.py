@@ -21,16 +21,31 @@ def test_sizes_are_the_powers_of_four_below_the_gradient_and_the_gradient_itself
 
 
 def test_the_line_through_exact_points_is_recovered_and_flat_times_are_refused():
-    sizes = [4, 64, 1024, 65536, 1 << 20]
+    sizes = [4, 64, 1024, 65536, 262144, 1 << 20]
     fit = alphabeta.fit_line(sizes, [0.002 + 3e-8 * m for m in sizes])
-    assert fit["c0_s"] == pytest.approx(0.002, rel=1e-6) and fit["c1_s_per_byte"] == pytest.approx(3e-8, rel=1e-6)
-    assert fit["max_rel_error"] < 1e-6
+    assert fit["c0_s"] == pytest.approx(0.002, rel=1e-9) and fit["c1_s_per_byte"] == pytest.approx(3e-8, rel=1e-9)
+    assert fit["max_rel_error"] < 1e-9 and fit["top_rel_error"] < 1e-9
     with pytest.raises(ValueError, match="do not grow"):
-        alphabeta.fit_line(sizes, [0.01, 0.009, 0.008, 0.007, 0.006])
+        alphabeta.fit_line(sizes, [0.01, 0.009, 0.008, 0.007, 0.006, 0.005])
     with pytest.raises(ValueError, match="at least 3 points"):
         alphabeta.fit_line([4, 8], [0.1, 0.2])
+    with pytest.raises(ValueError, match="span at least 16x"):
+        alphabeta.fit_line([1024, 2048, 4096], [0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match="seconds > 0"):
-        alphabeta.fit_line(sizes, [0.1, 0.0, 0.2, 0.3, 0.4])
+        alphabeta.fit_line(sizes, [0.1, 0.0, 0.2, 0.3, 0.4, 0.5])
+
+
+def test_a_token_bucket_burst_does_not_set_the_rate():
+    """Measured on 2 hosts at 100 Mbit/s (12.5 MB/s): the mid-sized messages ride the bucket's burst at twice the
+    link's rate; the rate comes from the largest, the fixed cost from the smallest."""
+    sizes = [4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576]
+    p2p_ms = [0.838, 0.762, 0.879, 0.6, 0.989, 0.764, 0.757, 2.541, 13.723, 90.177]
+    fit = alphabeta.fit_line(sizes, [t / 1e3 for t in p2p_ms])
+    # the line through the largest message: 93% of the set rate, where the 64 KB message went at 26 MB/s
+    assert 1 / fit["c1_s_per_byte"] == pytest.approx(1_048_576 / (0.090177 - fit["c0_s"]))
+    assert 1 / fit["c1_s_per_byte"] == pytest.approx(11.7e6, rel=0.01) and fit["top_rel_error"] < 1e-9
+    assert fit["c0_s"] == pytest.approx(0.00084, rel=0.02)  # the median of the messages up to 1 KB, less c1 m
+    assert fit["max_rel_error"] > 0.5  # the burst's 64 KB message, reported
 
 
 def _timings(net, sizes, d, peer):
@@ -56,15 +71,31 @@ def test_the_network_is_recovered_from_timings_of_a_known_network_at_a_dilation(
     for m in (4, 4096, 7_454_760):
         assert net.allreduce_s(m) == pytest.approx(truth.allreduce_s(m), rel=1e-6)
         assert net.p2p_s(m, 0, 2) == pytest.approx(truth.p2p_s(m, 0, 2), rel=1e-6)
+    # a collective that reaches half of what point-to-point messages do
+    truth = network.Network(truth.slots, truth.link_bytes_per_s, alpha_s=truth.alpha_s, overhead_s=truth.overhead_s,
+                            collective_efficiency=0.5)
+    net = alphabeta.network_from_fit(alphabeta.fit_measurements(_timings(truth, sizes, d, peer=2), 8), 8,
+                                     "h0:2,h1:2,h2:2,h3:2", "10gbit", dilation=d)
+    assert net.collective_efficiency == pytest.approx(0.5) and net.p2p_efficiency == 1.0
+    for m in (4, 4096, 7_454_760):
+        assert net.allreduce_s(m) == pytest.approx(truth.allreduce_s(m), rel=1e-6)
+        assert net.p2p_s(m, 0, 2) == pytest.approx(truth.p2p_s(m, 0, 2), rel=1e-6)
 
 
-def test_a_mixed_network_keeps_its_slow_host_and_p2p_never_beats_the_link():
-    fit = {"alpha_s": 1e-4, "overhead_s": 2e-3, "ring_bytes_per_s": 2.5e9 / 8 / 60, "p2p_bytes_per_s": 1e12}
+def test_a_mixed_network_keeps_its_slow_host_and_the_slower_kind_of_message_gets_the_fraction():
+    fit = {"alpha_s": 1e-4, "overhead_s": 2e-3, "ring_bytes_per_s": 2.5e9 / 8 / 60, "p2p_bytes_per_s": 2.5e9 / 8 / 120}
     net = alphabeta.network_from_fit(fit, 8, "h0:2,h1:2,h2:2,h3:1,h4:1", "10gbit", host_links=(("h2", "2.5gbit"),),
                                      dilation=60.0)
     assert net.link_bytes_per_s[2] == pytest.approx(2.5e9 / 8) and net.link_bytes_per_s[0] == pytest.approx(1.25e9)
-    assert net.p2p_efficiency == 1.0
+    assert (net.p2p_efficiency, net.collective_efficiency) == (pytest.approx(0.5), 1.0)
     assert net.alpha_s == pytest.approx(1e-4 / 60)
+    # point-to-point faster than the collective (measured on 2 hosts at 100 Mbit/s): the links carry the faster
+    fit["p2p_bytes_per_s"] = 2.5e9 / 8 / 30
+    net = alphabeta.network_from_fit(fit, 8, "h0:2,h1:2,h2:2,h3:1,h4:1", "10gbit", host_links=(("h2", "2.5gbit"),),
+                                     dilation=60.0)
+    assert net.link_bytes_per_s[2] == pytest.approx(2 * 2.5e9 / 8)
+    assert (net.p2p_efficiency, net.collective_efficiency) == (1.0, pytest.approx(0.5))
+    assert net.ring()[1] == pytest.approx(2.5e9 / 8) and net.p2p_path(0, 4)[1] == pytest.approx(2 * 2.5e9 / 8)
     with pytest.raises(ValueError, match="dilation"):
         alphabeta.network_from_fit(fit, 8, "4x2", "10gbit", dilation=0.5)
 
