@@ -207,7 +207,9 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed
         the samples to target where ``inputs`` set a horizon and the protocol adapts after its first epoch),
         ``samples_per_s_vs_bsp`` (float),
         ``time_to_target_vs_bsp`` (float, > 1 is faster), ``statistical_efficiency`` (float), ``se_source``
-        (str: ``"measured"``, ``"reference"``, ``"as <family>"`` or ``"assumed (lowest measured)"``), ``config`` (dict), ``contributors_per_round``, ``staleness_mean``, ``wait_share`` (float in [0, 1]:
+        (str: ``"measured"``, ``"measured at N ranks"`` where the table has that world size's own cells,
+        ``"reference"``, ``"as <family>"`` or ``"assumed (lowest measured)"``: :func:`hetsync.sim.target.lookup`),
+        ``config`` (dict), ``contributors_per_round``, ``staleness_mean``, ``wait_share`` (float in [0, 1]:
         the workers' mean blocked time over the simulated time), ``workers`` (int).
 
     Raises:
@@ -238,10 +240,10 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed
             rate *= min(r.steps) / (sum(r.steps) / len(r.steps))
         first = r.extra.get("first_epoch_samples_per_s")
         if first and inputs.samples_per_epoch and inputs.epochs_to_target:
-            se0, _ = _target.lookup(p, table)
+            se0, _ = _target.lookup(p, table, n)
             need = inputs.epochs_to_target * inputs.samples_per_epoch / se0
             rate = horizon_rate(rate, first, inputs.samples_per_epoch, need)
-        speed, se, source = _target.speedup_vs_bsp(p, rate, bsp, table)
+        speed, se, source = _target.speedup_vs_bsp(p, rate, bsp, table, n)
         wait = sum(r.wait_s) / max(len(r.wait_s), 1) / r.duration_s if r.duration_s else 0.0
         rows.append({"protocol": p, "samples_per_s": rate, "samples_per_s_vs_bsp": rate / bsp,
                      "time_to_target_vs_bsp": speed, "statistical_efficiency": se, "se_source": source,

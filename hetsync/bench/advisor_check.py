@@ -277,10 +277,11 @@ def recorded_runs(path, args, dilation, dataset):
     """
     with open(path) as f:
         doc = json.load(f)
+    recorded = dict(doc, dilation=doc.get("dilation") or 1.0)  # documents from before dilation ran undilated
     for key, want in (("np", args.np), ("dilation", dilation), ("epochs", args.epochs), ("target", args.target),
                       ("lr", args.lr), ("dataset", dataset)):
-        if doc.get(key) != want:
-            raise ValueError(f"{path} was measured with {key} = {doc.get(key)!r}, this check runs {want!r}")
+        if recorded.get(key) != want:
+            raise ValueError(f"{path} was measured with {key} = {recorded.get(key)!r}, this check runs {want!r}")
     runs = {(r["scenario"], r["protocol"], r["seed"]): dict(r) for r in doc.get("runs", [])}
     return runs, {"host_ms": doc["host_ms"], "epochs_to_target": doc.get("epochs_to_target")}
 

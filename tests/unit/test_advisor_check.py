@@ -180,6 +180,10 @@ def test_a_check_resumes_from_its_document_when_the_run_folders_are_gone(tmp_pat
     assert after["scenarios"][0]["medians"] == {"bsp": 42.0, "fedavg": 22.0}
     assert after["scenarios"][0]["choice"] == before["scenarios"][0]["choice"] and len(after["runs"]) == 6
     assert "resumed 6 runs" in capsys.readouterr().out
+    # a document from before the dilation was recorded ran undilated
+    recorded.write_text(json.dumps({k: v for k, v in before.items() if k != "dilation"}))
+    assert advisor_check.main(["--out", str(again), "--np", "2", "--scenarios", "random", "--protocols",
+                               "bsp,fedavg", "--resume-doc", str(recorded)]) == 0
     # a document measured with other settings is refused, naming the setting
     with pytest.raises(SystemExit):
         advisor_check.main(["--out", str(again), "--np", "2", "--epochs", "8", "--resume-doc", str(recorded)])

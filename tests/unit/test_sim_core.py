@@ -140,6 +140,23 @@ def test_time_to_target_table_is_the_recorded_results():
     assert target.lookup("ssp")[0] == min(e["se"] for e in target.TABLE.values())
 
 
+def test_a_world_size_with_enough_cells_of_its_own_uses_their_median():
+    cells = [{"cell": "np4:mnist/a[check]", "se": 0.6, "how": "samples"},
+             {"cell": "np4:mnist/b[check]", "se": 0.7, "how": "samples"},
+             {"cell": "np8:mnist/a[check]", "se": 0.9, "how": "samples"},
+             {"cell": "np8:mnist/b[check]", "se": 0.8, "how": "samples"},
+             {"cell": "np8:mnist/c", "se": 0.2, "how": "from time"}]
+    table = {"fedavg": {"se": 0.7, "cells": cells}}
+    assert target.cell_ranks("np8:mnist/device:40+random:6[check]") == 8 and target.cell_ranks("digits/x") is None
+    # two cells measured in samples at 8 ranks are too few: the median over every cell
+    assert target.lookup("fedavg", table, n=8) == (0.7, "measured")
+    cells.append({"cell": "np8:mnist/d[check]", "se": 0.85, "how": "samples"})
+    assert target.lookup("fedavg", table, n=8) == (0.85, "measured at 8 ranks")  # 0.8, 0.85, 0.9
+    assert target.lookup("fedavg", table, n=4) == (0.7, "measured") and target.lookup("fedavg", table) == (0.7, "measured")
+    sp, se, src = target.speedup_vs_bsp("fedavg", 2000.0, 1000.0, table, n=8)
+    assert (sp, se, src) == (pytest.approx(1.7), 0.85, "measured at 8 ranks")
+
+
 def test_cells_that_counted_samples_set_the_efficiency_over_estimates_from_time(tmp_path):
     rows = [  # cell a: samples counted (SE 1000 / 2000 = 0.5); cell b: only times (SE (100 x 10) / (200 x 4) = 1.25)
         {"cell": "a", "protocol": "bsp", "samples_to_target": 1000, "samples_per_s": 100.0, "time_to_target_s": 10.0},
