@@ -186,8 +186,8 @@ def lookup(protocol, table=None, n=None):
 
     Measured cells first: at world size ``n``, the median of the protocol's cells of that world size measured in
     samples where there are at least :data:`MIN_CELLS_AT_N` of them (statistical efficiency changes with the
-    world size, and not one way: at 8 ranks against 4, RNA's fell and FedAvg's rose on the advisor check's
-    random slowdowns), else the median over every cell; else the measured value of the protocol it is a variant
+    world size, and not one way: under random slowdowns RNA's fell from 4 ranks to 8 and FedAvg's rose, in
+    the advisor's calibration and check runs), else the median over every cell; else the measured value of the protocol it is a variant
     of (:data:`FAMILY`); else the lowest value of the table (pessimistic: an unmeasured protocol is not favoured
     over measured ones). A value above 1 is used as 1: BSP's samples to target is the reference, and the
     estimates from time to target that exceed it (task allocation's 1.13, whose update is BSP's by construction)
