@@ -268,7 +268,8 @@ def recorded_runs(path, args, dilation, dataset):
     Returns:
         ``(runs, probe)``: dict ``(scenario, protocol, seed) -> run record`` (the fields :func:`_scenario_result`
         reads from a ``summary.json``) and the document's probe ``{"host_ms": ..., "epochs_to_target": ...}``, so
-        that the advisor is given the same inputs for every run of the check.
+        that the advisor is given the same inputs for every run of the check, with the document's ``"command"``
+        (str or None: the commands that measured it, which the resumed document extends).
 
     Raises:
         ValueError: the document was measured with other settings (world size, dilation, epochs, target, learning
@@ -283,7 +284,8 @@ def recorded_runs(path, args, dilation, dataset):
         if recorded.get(key) != want:
             raise ValueError(f"{path} was measured with {key} = {recorded.get(key)!r}, this check runs {want!r}")
     runs = {(r["scenario"], r["protocol"], r["seed"]): dict(r) for r in doc.get("runs", [])}
-    return runs, {"host_ms": doc["host_ms"], "epochs_to_target": doc.get("epochs_to_target")}
+    return runs, {"host_ms": doc["host_ms"], "epochs_to_target": doc.get("epochs_to_target"),
+                  "command": doc.get("command")}
 
 
 def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None,
@@ -389,13 +391,13 @@ def main(argv=None):
     failed = 0
     mnist = launch.mnist_dir() is not None and not args.digits
     per_epoch = _validate.TRAIN_SAMPLES["mnist" if mnist else "digits"]
-    recorded = {}
+    recorded, earlier = {}, None
     if args.resume_doc:
         try:
             recorded, probe = recorded_runs(args.resume_doc, args, dil, "mnist" if mnist else "digits")
         except (ValueError, OSError, KeyError) as exc:
             p.error(f"--resume-doc {args.resume_doc}: {exc}")
-        host_ms, to_target = probe["host_ms"], probe["epochs_to_target"]
+        host_ms, to_target, earlier = probe["host_ms"], probe["epochs_to_target"], probe["command"]
         print(f"resumed {len(recorded)} runs and the BSP probe (advisor --host-ms {host_ms:.1f}) from "
               f"{args.resume_doc}", flush=True)
     else:
@@ -443,7 +445,8 @@ def main(argv=None):
     from hetsync.bench import docpages
 
     given = " ".join(sys.argv[1:] if argv is None else argv)
-    doc = {"command": docpages.without_out("python -m hetsync.bench.advisor_check " + given),
+    command = docpages.without_out("python -m hetsync.bench.advisor_check " + given)
+    doc = {"command": command if not earlier else f"{earlier}; then {command}",
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "dilation": dil,
            "seeds": args.seeds,
            "epochs": args.epochs, "target": args.target, "lr": args.lr, "dataset": "mnist" if mnist else "digits",

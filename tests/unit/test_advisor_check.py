@@ -180,6 +180,10 @@ def test_a_check_resumes_from_its_document_when_the_run_folders_are_gone(tmp_pat
     assert after["scenarios"][0]["medians"] == {"bsp": 42.0, "fedavg": 22.0}
     assert after["scenarios"][0]["choice"] == before["scenarios"][0]["choice"] and len(after["runs"]) == 6
     assert "resumed 6 runs" in capsys.readouterr().out
+    # the resumed document names every command that measured it, the first one first
+    first_command = before["command"]
+    assert after["command"].startswith(first_command + "; then python -m hetsync.bench.advisor_check ")
+    assert "--resume-doc" in after["command"].split("; then ")[1]
     # a document from before the dilation was recorded ran undilated
     recorded.write_text(json.dumps({k: v for k, v in before.items() if k != "dilation"}))
     assert advisor_check.main(["--out", str(again), "--np", "2", "--scenarios", "random", "--protocols",
