@@ -128,7 +128,8 @@ def test_time_to_target_table_is_the_recorded_results():
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [os.path.join(root, "docs", "results", f) for f in ("full.json", "cluster.json")]
-    paths.append(os.path.join(root, "docs", "simulator", "advisor_calibration.json"))
+    paths += [os.path.join(root, "docs", "simulator", f) for f in ("advisor_calibration.json",
+                                                                  "advisor_calibration_np8.json")]
     assert target.estimate_from_results(paths) == target.TABLE
     sp, se, src = target.speedup_vs_bsp("rna", 2000.0, 1000.0)
     assert (se, src) == (target.TABLE["rna"]["se"], "measured") and sp == pytest.approx(2 * se)
@@ -138,6 +139,8 @@ def test_time_to_target_table_is_the_recorded_results():
     assert target.lookup("rnah") == (target.TABLE["rna"]["se"], "as rna")
     assert target.lookup("ssp")[1] == "assumed (lowest measured)"
     assert target.lookup("ssp")[0] == min(e["se"] for e in target.TABLE.values())
+    for p in ("rna", "localsgd", "fedavg", "taskalloc", "hop"):  # both calibrations: each world size its own cells
+        assert [target.lookup(p, n=n)[1] for n in (4, 8)] == ["measured at 4 ranks", "measured at 8 ranks"]
 
 
 def test_a_world_size_with_enough_cells_of_its_own_uses_their_median():
@@ -152,7 +155,8 @@ def test_a_world_size_with_enough_cells_of_its_own_uses_their_median():
     assert target.lookup("fedavg", table, n=8) == (0.7, "measured")
     cells.append({"cell": "np8:mnist/d[check]", "se": 0.85, "how": "samples"})
     assert target.lookup("fedavg", table, n=8) == (0.85, "measured at 8 ranks")  # 0.8, 0.85, 0.9
-    assert target.lookup("fedavg", table, n=4) == (0.7, "measured") and target.lookup("fedavg", table) == (0.7, "measured")
+    assert target.lookup("fedavg", table, n=4) == (0.7, "measured")
+    assert target.lookup("fedavg", table) == (0.7, "measured")
     sp, se, src = target.speedup_vs_bsp("fedavg", 2000.0, 1000.0, table, n=8)
     assert (sp, se, src) == (pytest.approx(1.7), 0.85, "measured at 8 ranks")
 
