@@ -69,7 +69,8 @@ def split(records_by_rank, skip_epochs=1):
         ``after_ms``, ``start_spread_ms``, ``result_spread_ms``; and ``steps`` (int, steps every rank recorded).
 
     Raises:
-        ValueError: no step recorded by every rank after ``skip_epochs``, or a record without those fields.
+        ValueError: no step recorded by every rank after ``skip_epochs``, a record without those fields, or steps
+            that are not lock-step collectives (the median result comes before the last rank's arrival).
     """
     need = ("step", "epoch", "unix_s", "step_ms", "compute_ms", "delay_ms", "sync_wait_ms")
     by_step = {}
@@ -102,6 +103,10 @@ def split(records_by_rank, skip_epochs=1):
             times = [v[field] for v in ranks.values()]
             spreads[key].append((max(times) - min(times)) * 1e3)
     out = {k: float(statistics.median(v)) for k, v in {**cols, **spreads}.items()}
+    if out["collective_ms"] < 0:
+        raise ValueError(f"the ranks' results came before the last rank arrived (median {out['collective_ms']:.1f} "
+                         "ms): the steps are not lock-step collectives of all ranks (a free-running protocol such "
+                         "as RNA or Hop); only host_ms applies to it")
     out["steps"] = len(full)
     return out
 
@@ -160,7 +165,8 @@ def main(argv=None):
         int exit status (0).
 
     Raises:
-        SystemExit: bad arguments (argparse names the value). FileNotFoundError, ValueError: see :func:`split`.
+        SystemExit: bad arguments (argparse names the value), or a run folder that cannot be split (status 2, with
+            :func:`split`'s reason).
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -175,7 +181,11 @@ def main(argv=None):
     if args.command == "split":
         if args.skip_epochs < 0:
             p.error(f"--skip-epochs must be >= 0, got {args.skip_epochs}")
-        print(json.dumps({k: round(v, 3) for k, v in split(load_records(args.run_dir), args.skip_epochs).items()}))
+        try:
+            out = split(load_records(args.run_dir), args.skip_epochs)
+        except (ValueError, FileNotFoundError) as exc:
+            p.exit(2, f"hosttime split: {exc}\n")
+        print(json.dumps({k: round(v, 3) for k, v in out.items()}))
         return 0
     if not args.idle_ms >= 0 or args.calls < 1:
         p.error(f"--idle-ms must be >= 0 and --calls >= 1, got {args.idle_ms} and {args.calls}")

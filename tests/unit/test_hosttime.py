@@ -44,6 +44,10 @@ def test_records_that_cannot_be_split_are_refused(tmp_path, capsys):
     bad = {0: [{k: v for k, v in recs[0][1].items() if k != "sync_wait_ms"}]}
     with pytest.raises(ValueError, match="lacks sync_wait_ms"):
         hosttime.split(bad)
+    # free-running ranks (RNA): rank 1 arrives 300 ms after rank 0 already had its result
+    free = {0: [_rec(1, 1, 100.0, 2, 38, 0, 100.041)], 1: [_rec(1, 1, 100.3, 2, 38, 0, 100.341)]}
+    with pytest.raises(ValueError, match="not lock-step"):
+        hosttime.split(free)
     with pytest.raises(FileNotFoundError, match="no rank"):
         hosttime.load_records(str(tmp_path))
     for r, rs in recs.items():
@@ -54,5 +58,8 @@ def test_records_that_cannot_be_split_are_refused(tmp_path, capsys):
     assert out["collective_ms"] == pytest.approx(2.5, abs=1e-3) and out["steps"] == 1
     with pytest.raises(SystemExit):
         hosttime.main(["split", str(tmp_path), "--skip-epochs", "-1"])
+    with pytest.raises(SystemExit) as exc:
+        hosttime.main(["split", str(tmp_path / "missing")])
+    assert exc.value.code == 2 and "no rank*.jsonl" in capsys.readouterr().err
     with pytest.raises(ValueError, match="idle_ms must be >= 0"):
         hosttime.allreduce_latency(idle_ms=-1)
