@@ -15,7 +15,9 @@ steady samples/s ratio, and the final accuracy against BSP's. Tuning is fair whe
 learning rates (``--lrs``): every cell has its own BSP run.
 
 Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a rerun with the same ``--out``
-skips the runs whose ``summary.json`` exists (resumable) and ``--time-cap-min`` stops starting new runs after that
+skips the runs whose ``summary.json`` exists (resumable), ``--resume-doc JSON`` also takes the runs an earlier study
+document records (:func:`recorded_rows`; the document's command is kept, chained with this one) and
+``--time-cap-min`` stops starting new runs after that
 many minutes. Epochs are given for 4 ranks and scaled by n / 4 (:func:`epochs_for`). ``--dilation NP=D`` runs world
 size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core machine overrun their device time undilated). Rows
 whose run overran 1% or more of its steps are marked: they are not evidence. ``--update-docs`` writes
@@ -31,8 +33,8 @@ import time
 from hetsync.bench import docpages, launch
 from hetsync.world import DILATION_ENV
 
-__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "table", "epochs_for", "main", "BEGIN",
-           "END"]
+__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table", "epochs_for",
+           "main", "BEGIN", "END"]
 
 #: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
 SETTINGS = {
@@ -122,6 +124,35 @@ def rows_from(out):
                         rows.append(_row(n, model, float(lr_dir[2:]), setting, int(sd[4:]), s,
                                          float(s.get("dilation") or 1.0)))
     return rows
+
+
+def _key(row):
+    return (int(row["np"]), row["model"], float(row["lr"]), row["setting"], int(row["seed"]))
+
+
+def recorded_rows(path, scenario, target):
+    """The runs an earlier study document records, for ``--resume-doc``.
+
+    Args:
+        path: str, a study document (``study.json``: ``scenario``, ``target``, ``command``, ``rows`` as
+            :func:`rows_from` makes them). scenario: str, this study's scenario. target: float, its target accuracy.
+
+    Returns:
+        dict with ``rows`` (list of row dicts) and ``command`` (str, the command that measured them).
+
+    Raises:
+        OSError: the file cannot be read. ValueError: not a study document, or one of another scenario or target
+            (its runs would not be comparable).
+    """
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError(f"--resume-doc {path}: not a study document (no 'rows' list)")
+    if doc.get("scenario") != scenario or doc.get("target") != target:
+        raise ValueError(f"--resume-doc {path}: measured under scenario {doc.get('scenario')!r} to target "
+                         f"{doc.get('target')!r}; this study runs {scenario!r} to {target!r}")
+    rows = [r for r in doc["rows"] if r.get("setting") in SETTINGS]
+    return {"rows": rows, "command": doc.get("command")}
 
 
 def _median(xs):
@@ -225,6 +256,9 @@ def parser():
                    help="time dilation D for world size NP, repeatable")
     p.add_argument("--out", default="runs/study", help="output folder (resumable)")
     p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--resume-doc", metavar="JSON", default=None,
+                   help="an earlier study document (docs/bench/study.json): its runs count as done and join the "
+                   "table, so a study outlives its run folders")
     p.add_argument("--update-docs", action="store_true", help="write docs/bench/study.json and the table")
     p.add_argument("--docs-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "docs"))
     return p
@@ -254,6 +288,11 @@ def main(argv=None):
     missing = [m for m in models if epochs.get(m, 0) < 1]
     if missing:
         p.error(f"--epochs gives no epochs >= 1 for {', '.join(missing)} ({args.epochs!r})")
+    try:
+        earlier = recorded_rows(args.resume_doc, args.scenario, args.target) if args.resume_doc else {"rows": []}
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    recorded = {_key(r) for r in earlier["rows"]}
     t0, failed = time.monotonic(), 0
     for n in args.np:
         for model in models:
@@ -262,6 +301,8 @@ def main(argv=None):
                     for setting in ["bsp"] + [s for s in settings if s != "bsp"]:
                         folder = run_dir(args.out, n, model, lr, setting, seed)
                         done = os.path.exists(os.path.join(folder, "summary.json"))
+                        if not done and (n, model, float(lr), setting, int(seed)) in recorded:
+                            continue
                         if not done and args.time_cap_min is not None and \
                                 time.monotonic() - t0 > args.time_cap_min * 60:
                             continue
@@ -276,12 +317,15 @@ def main(argv=None):
                               f"{s.get('samples_to_target')}, time {s.get('time_to_target_s')}, final accuracy "
                               f"{s.get('final_test_accuracy')}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    rows = rows_from(args.out)
+    fresh = rows_from(args.out)
+    rows = [r for r in earlier["rows"] if _key(r) not in {_key(f) for f in fresh}] + fresh
     summary = table(rows)
     dataset = "digits" if args.digits or launch.dataset_args()[1] == "digits" else "MNIST"
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenario": args.scenario,
             "dataset": dataset, "target": args.target,
             "command": "python -m hetsync.bench.study " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if earlier.get("command"):
+        meta["command"] = f"{earlier['command']}; then {meta['command']}"
     body = markdown(summary, meta)
     print(body)
     with open(os.path.join(args.out, "study.json"), "w") as f:

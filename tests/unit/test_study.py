@@ -3,6 +3,7 @@ summaries, a resumed study that launches nothing and writes the docs block, the 
 bad arguments refused before anything runs."""
 import json
 import os
+import statistics
 
 import pytest
 
@@ -99,3 +100,38 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit) as exc:
         study.main(["--out", str(tmp_path)] + argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_study_resumed_from_its_document_runs_only_what_the_document_lacks(tmp_path, monkeypatch):
+    first, docs = str(tmp_path / "first"), tmp_path / "docs"
+    _make(first)
+    docs.mkdir()
+    (docs / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    assert study.main(["--out", first, "--np", "4", "--models", "mlp", "--settings", "rna", "--seeds", "1,2,3",
+                       "--update-docs", "--docs-dir", str(docs)]) == 0
+    doc_path = str(docs / "bench" / "study.json")
+    # a new sitting in an empty folder: BSP and RNA of seeds 1-3 come from the document, only SSP runs
+    ran = []
+
+    def fake_run_one(folder, n, model, lr, setting, seed, *a, **k):
+        ran.append((setting, seed))
+        _summary(folder, 1500, 9.0, 0.9, 800.0)
+        return {"samples_to_target": 1500}
+
+    monkeypatch.setattr(study, "run_one", fake_run_one)
+    second = str(tmp_path / "second")
+    assert study.main(["--out", second, "--np", "4", "--models", "mlp", "--settings", "rna,ssp", "--seeds", "1,2,3",
+                       "--resume-doc", doc_path, "--update-docs", "--docs-dir", str(docs)]) == 0
+    assert sorted(ran) == [("ssp", 1), ("ssp", 2), ("ssp", 3)]
+    doc = json.loads((docs / "bench" / "study.json").read_text())
+    assert len(doc["rows"]) == 7 + 3 and {t["setting"] for t in doc["summary"]} == {"rna", "ssp"}
+    assert doc["command"].count("; then ") == 1 and "--resume-doc" in doc["command"]
+    ssp = [t for t in doc["summary"] if t["setting"] == "ssp"][0]
+    assert ssp["se"] == pytest.approx(statistics.median([1000 / 1500, 1200 / 1500, 1100 / 1500]))
+    # a document of another scenario is refused before anything runs
+    with pytest.raises(SystemExit):
+        study.main(["--out", second, "--np", "4", "--resume-doc", doc_path, "--scenario", "device:40"])
+    with pytest.raises(ValueError, match="not a study document"):
+        (tmp_path / "x.json").write_text("[]")
+        study.recorded_rows(str(tmp_path / "x.json"), "device:40+random:6", 0.9)
