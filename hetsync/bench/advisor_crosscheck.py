@@ -100,6 +100,7 @@ def nearest_other(name, scenario, calibration):
 
 
 def _choose(scenario, se):
+    # a protocol the SE source did not measure (it never reached the target there) is predicted at 0: never chosen
     rows = [{"protocol": r["protocol"], "time_to_target_vs_bsp":
              r["samples_per_s_vs_bsp"] * (1.0 if r["protocol"] == "bsp" else se.get(r["protocol"], 0.0))}
             for r in scenario["ranking"]]

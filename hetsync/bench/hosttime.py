@@ -22,6 +22,7 @@ milliseconds per call. It separates the collective's floor on this machine from 
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import sys
@@ -196,15 +197,8 @@ def main(argv=None):
     per_rank = transport.allgather_object(round(ms, 3), name="hetsync_hosttime_gather")
     if world.rank() == 0:
         print(json.dumps({"np": world.size(), "idle_ms": args.idle_ms, "spin": args.spin, "calls": args.calls,
-                          "bytes": 4 * sum(_count(s) for s in MLP_SHAPES), "median_ms_per_rank": per_rank}))
+                          "bytes": 4 * sum(math.prod(s) for s in MLP_SHAPES), "median_ms_per_rank": per_rank}))
     return 0
-
-
-def _count(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 if __name__ == "__main__":

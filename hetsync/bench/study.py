@@ -318,7 +318,8 @@ def main(argv=None):
                               f"{s.get('final_test_accuracy')}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     fresh = rows_from(args.out)
-    rows = [r for r in earlier["rows"] if _key(r) not in {_key(f) for f in fresh}] + fresh
+    measured_here = {_key(f) for f in fresh}  # a run folder supersedes the document's row of the same run
+    rows = [r for r in earlier["rows"] if _key(r) not in measured_here] + fresh
     summary = table(rows)
     dataset = "digits" if args.digits or launch.dataset_args()[1] == "digits" else "MNIST"
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenario": args.scenario,
