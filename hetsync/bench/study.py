@@ -1,7 +1,7 @@
 """The statistical-efficiency study: samples to target of every asynchronous protocol against BSP.
 
 ``python -m hetsync.bench.study [--np 4 8] [--models mlp cnn] [--settings rna,hop-backup,...] [--seeds 1,2,3]
-[--lrs 0.2] [--out runs/study] [--time-cap-min M] [--update-docs]``
+[--lrs 0.2] [--select-seeds 4,5,6] [--out runs/study] [--time-cap-min M] [--update-docs]``
 
 A protocol that computes faster than BSP but needs more samples to reach the target has not won: the
 **statistical efficiency** SE = S_BSP / S (S: samples to target, every rank's processed samples up to the first
@@ -12,7 +12,9 @@ BSP and every chosen setting (:data:`SETTINGS`: a protocol and its arguments) on
 (``device:40+random:6`` by default: random stragglers) and data (MNIST when the data directory is there, else
 the digits), and reports per setting the median over seeds of SE, the time-to-target ratio against BSP, the
 steady samples/s ratio, and the final accuracy against BSP's. Tuning is fair when BSP runs the same grid of
-learning rates (``--lrs``): every cell has its own BSP run.
+learning rates (``--lrs``): every cell has its own BSP run. ``--select-seeds`` names the seeds that choose each
+setting's rate, BSP's included (:func:`select`); the tables then report only the other seeds, each setting at its
+chosen rate against BSP at BSP's, so no figure is tuned on the seeds it reports.
 
 Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a rerun with the same ``--out``
 skips the runs whose ``summary.json`` exists (resumable), ``--resume-doc JSON`` also takes the runs an earlier study
@@ -33,8 +35,8 @@ import time
 from hetsync.bench import docpages, launch
 from hetsync.world import DILATION_ENV
 
-__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table", "epochs_for",
-           "main", "BEGIN", "END"]
+__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table", "select",
+           "epochs_for", "main", "BEGIN", "END"]
 
 #: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
 SETTINGS = {
@@ -160,12 +162,34 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def table(rows):
+def _stats(pairs):
+    """Medians over (run, BSP run) pairs of the same seed: the fields :func:`table` documents."""
+    def ratio(a, b):
+        return a / b if a and b else None
+    return {
+        "seeds": len(pairs),
+        "se": _median(ratio(b["samples_to_target"], r["samples_to_target"]) for r, b in pairs),
+        "samples_ratio": _median(ratio(r["samples_to_target"], b["samples_to_target"]) for r, b in pairs),
+        "time_ratio": _median(ratio(b["time_to_target_s"], r["time_to_target_s"]) for r, b in pairs),
+        "steady_ratio": _median(ratio(r["samples_per_s_steady"], b["samples_per_s_steady"]) for r, b in pairs),
+        "accuracy_delta": _median((r["final_accuracy"] - b["final_accuracy"]) * 100.0 for r, b in pairs
+                                  if r["final_accuracy"] is not None and b["final_accuracy"] is not None),
+        "reached": f"{sum(1 for r, _ in pairs if r['samples_to_target'])}/{len(pairs)}",
+        "overrun_max": max(max(r["overrun"], b["overrun"]) for r, b in pairs),
+    }
+
+
+def _order(setting):
+    return list(SETTINGS).index(setting)
+
+
+def table(rows, exclude_seeds=()):
     """The study's summary: one dict per (world size, model, learning rate, setting other than BSP) with the
     medians over the seeds that have a BSP run of the same cell.
 
     Args:
-        rows: :func:`rows_from`'s list.
+        rows: :func:`rows_from`'s list. exclude_seeds: iterable of int, seeds left out (those that chose the
+            learning rates, :func:`select`: reporting them would tune on the reported seeds).
 
     Returns:
         list of dicts: ``np``, ``model``, ``lr``, ``setting``, ``seeds`` (int), ``se`` (S_BSP / S; None when
@@ -174,6 +198,8 @@ def table(rows):
         (final accuracy minus BSP's, points), ``reached`` ("k/m" seeds that reached the target),
         ``overrun_max`` (float fraction; 0.01 or more: not evidence).
     """
+    exclude = {int(s) for s in exclude_seeds}
+    rows = [r for r in rows if int(r["seed"]) not in exclude]
     bsp = {(r["np"], r["model"], r["lr"], r["seed"]): r for r in rows if r["setting"] == "bsp"}
     groups = {}
     for r in rows:
@@ -181,22 +207,68 @@ def table(rows):
         if r["setting"] != "bsp" and key in bsp:
             groups.setdefault((r["np"], r["model"], r["lr"], r["setting"]), []).append((r, bsp[key]))
     out = []
-    for (n, model, lr, setting), pairs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                                 list(SETTINGS).index(kv[0][3]))):
-        def ratio(a, b):
-            return a / b if a and b else None
-        out.append({
-            "np": n, "model": model, "lr": lr, "setting": setting, "seeds": len(pairs),
-            "se": _median(ratio(b["samples_to_target"], r["samples_to_target"]) for r, b in pairs),
-            "samples_ratio": _median(ratio(r["samples_to_target"], b["samples_to_target"]) for r, b in pairs),
-            "time_ratio": _median(ratio(b["time_to_target_s"], r["time_to_target_s"]) for r, b in pairs),
-            "steady_ratio": _median(ratio(r["samples_per_s_steady"], b["samples_per_s_steady"]) for r, b in pairs),
-            "accuracy_delta": _median((r["final_accuracy"] - b["final_accuracy"]) * 100.0 for r, b in pairs
-                                      if r["final_accuracy"] is not None and b["final_accuracy"] is not None),
-            "reached": f"{sum(1 for r, _ in pairs if r['samples_to_target'])}/{len(pairs)}",
-            "overrun_max": max(max(r["overrun"], b["overrun"]) for r, b in pairs),
-        })
+    for (n, model, lr, setting), pairs in sorted(groups.items(),
+                                                 key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], _order(kv[0][3]))):
+        out.append({"np": n, "model": model, "lr": lr, "setting": setting, **_stats(pairs)})
     return out
+
+
+def select(rows, select_seeds):
+    """Fair tuning: each setting's learning rate, BSP's included, chosen on seeds that are not reported, then every
+    setting at its rate against BSP at BSP's rate on the other seeds.
+
+    For each (world size, model, setting) the learning rates with a run on every selection seed compete; the one
+    with the smallest median time to target over those seeds wins (a run that missed the target counts as
+    infinitely slow; a tie goes to the smaller median samples to target, then the smaller rate). A rate whose
+    selection runs overran 1% or more of their steps does not compete (not evidence).
+
+    Args:
+        rows: :func:`rows_from`'s list. select_seeds: iterable of int, the seeds that choose.
+
+    Returns:
+        dict: ``select_seeds`` (sorted list of int), ``chosen`` (list of dicts ``np``, ``model``, ``setting``,
+        ``lr``, ``time_to_target_s`` (the winning median, seconds; None when every rate missed)), and ``tuned``
+        (list of :func:`table` entries, each with ``lr`` the setting's chosen rate and ``bsp_lr`` BSP's, over the
+        seeds not in ``select_seeds`` that have both runs).
+
+    Raises:
+        ValueError: ``select_seeds`` is empty.
+    """
+    chosen_seeds = sorted({int(s) for s in select_seeds})
+    if not chosen_seeds:
+        raise ValueError("select needs at least one selection seed")
+    by_cell = {}
+    for r in rows:
+        if int(r["seed"]) in chosen_seeds:
+            by_cell.setdefault((r["np"], r["model"], r["setting"], r["lr"]), {})[int(r["seed"])] = r
+    best = {}
+    for (n, model, setting, lr), runs in by_cell.items():
+        if set(runs) != set(chosen_seeds) or max(r["overrun"] for r in runs.values()) >= 0.01:
+            continue
+        times = [r["time_to_target_s"] if r["time_to_target_s"] else float("inf") for r in runs.values()]
+        samples = [r["samples_to_target"] if r["samples_to_target"] else float("inf") for r in runs.values()]
+        score = (statistics.median(times), statistics.median(samples), lr)
+        if (n, model, setting) not in best or score < best[(n, model, setting)]:
+            best[(n, model, setting)] = score
+    chosen = [{"np": n, "model": model, "setting": setting, "lr": score[2],
+               "time_to_target_s": None if score[0] == float("inf") else score[0]}
+              for (n, model, setting), score in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                                      _order(kv[0][2])))]
+    report = {(int(r["np"]), r["model"], r["setting"], float(r["lr"]), int(r["seed"])): r for r in rows
+              if int(r["seed"]) not in chosen_seeds}
+    tuned = []
+    for c in chosen:
+        bsp = best.get((c["np"], c["model"], "bsp"))
+        if c["setting"] == "bsp" or bsp is None:
+            continue
+        pairs = [(r, report[(c["np"], c["model"], "bsp", bsp[2], seed)])
+                 for (n, model, setting, lr, seed), r in sorted(report.items())
+                 if (n, model, setting, lr) == (c["np"], c["model"], c["setting"], c["lr"])
+                 and (n, model, "bsp", bsp[2], seed) in report]
+        if pairs:
+            tuned.append({"np": c["np"], "model": c["model"], "lr": c["lr"], "bsp_lr": bsp[2],
+                          "setting": c["setting"], **_stats(pairs)})
+    return {"select_seeds": chosen_seeds, "chosen": chosen, "tuned": tuned}
 
 
 def epochs_for(epochs, model, n):
@@ -209,10 +281,15 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def markdown(summary, meta):
-    """The generated docs block (str): how it was measured, then one table row per :func:`table` entry."""
+def markdown(summary, meta, selection=None):
+    """The generated docs block (str): how it was measured, then one table row per :func:`table` entry and, with a
+    ``selection`` (:func:`select`'s dict), the tuned comparison: every setting at its chosen learning rate against
+    BSP at its own."""
+    seeds_note = ""
+    if selection:
+        seeds_note = f" on the seeds other than {', '.join(map(str, selection['select_seeds']))}"
     lines = [f"Measured {meta['date_utc']} with `{meta['command']}` ({meta['scenario']}, {meta['dataset']}, target "
-             f"{meta['target']:g}; medians over seeds; `!` marks a run with 1% or more overrun steps).", "",
+             f"{meta['target']:g}; medians over seeds{seeds_note}; `!` marks a run with 1% or more overrun steps).", "",
              "| ranks | model | lr | setting | seeds | SE (S_BSP / S) | time to target vs BSP "
              "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -221,6 +298,20 @@ def markdown(summary, meta):
         lines.append(f"| {t['np']} | {t['model']} | {t['lr']:g} | {t['setting']}{mark} | {t['seeds']} | "
                      f"{_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | {_fmt(t['steady_ratio'], '.2f')}x | "
                      f"{_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} |")
+    if selection:
+        sel = ", ".join(map(str, selection["select_seeds"]))
+        lines += ["", f"**Tuned fairly**: each setting's learning rate, BSP's included, chosen on seeds {sel} (the "
+                  "smallest median time to target of the rates run there); every setting at its rate against BSP at "
+                  "BSP's, on the other seeds.", "",
+                  "| ranks | model | setting | lr | BSP's lr | seeds | SE (S_BSP / S) | time to target vs BSP "
+                  "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for t in selection["tuned"]:
+            mark = " !" if t["overrun_max"] >= 0.01 else ""
+            lines.append(f"| {t['np']} | {t['model']} | {t['setting']}{mark} | {t['lr']:g} | {t['bsp_lr']:g} | "
+                         f"{t['seeds']} | {_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | "
+                         f"{_fmt(t['steady_ratio'], '.2f')}x | {_fmt(t['accuracy_delta'], '+.1f')} pt | "
+                         f"{t['reached']} |")
     return "\n".join(lines)
 
 
@@ -246,6 +337,8 @@ def parser():
     p.add_argument("--settings", default=",".join(s for s in SETTINGS if s != "bsp"),
                    help=f"comma-separated settings (BSP always runs): {', '.join(SETTINGS)}")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
+    p.add_argument("--select-seeds", default=None, help="comma-separated seeds whose runs choose each setting's "
+                   "learning rate (BSP's too); the tables report the other seeds")
     p.add_argument("--lrs", default="0.2", help="comma-separated SGD learning rates (BSP runs each too)")
     p.add_argument("--scenario", default="device:40+random:6", help="slowdown spec of every run")
     p.add_argument("--epochs", default="mlp=3,cnn=2", help="epochs per model at 4 ranks, MODEL=E,...; n ranks run "
@@ -275,6 +368,7 @@ def main(argv=None):
         models = _parse_list(args.models, str, "models", ("mlp", "cnn"))
         settings = _parse_list(args.settings, str, "settings", tuple(SETTINGS))
         seeds = _parse_list(args.seeds, int, "seeds")
+        select_seeds = _parse_list(args.select_seeds, int, "select-seeds") if args.select_seeds else []
         lrs = _parse_list(args.lrs, float, "lrs")
         epochs = dict(kv.split("=", 1) for kv in args.epochs.split(","))
         epochs = {m: int(e) for m, e in epochs.items()}
@@ -320,21 +414,25 @@ def main(argv=None):
     fresh = rows_from(args.out)
     measured_here = {_key(f) for f in fresh}  # a run folder supersedes the document's row of the same run
     rows = [r for r in earlier["rows"] if _key(r) not in measured_here] + fresh
-    summary = table(rows)
+    summary = table(rows, exclude_seeds=select_seeds)
+    selection = select(rows, select_seeds) if select_seeds else None
     dataset = "digits" if args.digits or launch.dataset_args()[1] == "digits" else "MNIST"
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenario": args.scenario,
             "dataset": dataset, "target": args.target,
             "command": "python -m hetsync.bench.study " + " ".join(argv if argv is not None else sys.argv[1:])}
     if earlier.get("command"):
         meta["command"] = f"{earlier['command']}; then {meta['command']}"
-    body = markdown(summary, meta)
+    body = markdown(summary, meta, selection)
     print(body)
+    doc = {**meta, "rows": rows, "summary": summary}
+    if selection:
+        doc["selection"] = selection
     with open(os.path.join(args.out, "study.json"), "w") as f:
-        json.dump({**meta, "rows": rows, "summary": summary}, f, indent=1)
+        json.dump(doc, f, indent=1)
     if args.update_docs:
         os.makedirs(os.path.join(args.docs_dir, "bench"), exist_ok=True)
         with open(os.path.join(args.docs_dir, "bench", "study.json"), "w") as f:
-            json.dump({**meta, "rows": rows, "summary": summary}, f, indent=1)
+            json.dump(doc, f, indent=1)
         page = os.path.join(args.docs_dir, "benchmarks.md")
         with open(page) as f:
             text = f.read()

@@ -92,6 +92,7 @@ def test_a_server_protocol_launches_one_more_rank_and_a_dilated_world_gets_d(tmp
     (["--np", "1"], "world sizes >= 2"),
     (["--target", "1.5"], "--target must be in (0, 1)"),
     (["--lrs", "0"], "--lrs > 0"),
+    (["--select-seeds", "x"], "--select-seeds"),
     (["--epochs", "mlp=0"], "no epochs >= 1 for mlp"),
     (["--dilation", "8=0.5"], ">= 1"),
 ])
@@ -135,3 +136,56 @@ def test_a_study_resumed_from_its_document_runs_only_what_the_document_lacks(tmp
     with pytest.raises(ValueError, match="not a study document"):
         (tmp_path / "x.json").write_text("[]")
         study.recorded_rows(str(tmp_path / "x.json"), "device:40+random:6", 0.9)
+
+
+def _grid(out):
+    # BSP and SSP at lr 0.2 and 0.4 on seeds 1, 2 (reported) and 4, 5 (selection)
+    times = {("bsp", 0.2): 20.0, ("bsp", 0.4): 12.0, ("ssp", 0.2): 8.0, ("ssp", 0.4): 10.0}
+    for (setting, lr), t in times.items():
+        for seed in (1, 2, 4, 5):
+            samples = None if (setting, lr, seed) == ("ssp", 0.4, 5) else int(t * 500) + seed
+            _summary(study.run_dir(out, 4, "mlp", lr, setting, seed), samples, t + seed if samples else None,
+                     0.9, 600.0 if setting == "bsp" else 900.0)
+
+
+def test_selection_seeds_choose_each_rate_and_the_tuned_table_reports_the_others(tmp_path):
+    _grid(str(tmp_path))
+    rows = study.rows_from(str(tmp_path))
+    sel = study.select(rows, [5, 4])
+    assert sel["select_seeds"] == [4, 5]
+    assert [(c["setting"], c["lr"]) for c in sel["chosen"]] == [("bsp", 0.4), ("ssp", 0.2)]
+    assert sel["chosen"][0]["time_to_target_s"] == pytest.approx(12.0 + 4.5)  # median of 16 and 17 s
+    (t,) = sel["tuned"]
+    assert (t["setting"], t["lr"], t["bsp_lr"], t["seeds"], t["reached"]) == ("ssp", 0.2, 0.4, 2, "2/2")
+    # seeds 1, 2 only: BSP at 0.4 (13, 14 s) over SSP at 0.2 (9, 10 s)
+    assert t["time_ratio"] == pytest.approx((13 / 9 + 14 / 10) / 2)
+    assert t["se"] == pytest.approx(((6001 / 4001) + (6002 / 4002)) / 2)
+    # the per-rate table leaves the selection seeds out
+    assert {x["seeds"] for x in study.table(rows, exclude_seeds=[4, 5])} == {2}
+    text = study.markdown(study.table(rows, exclude_seeds=[4, 5]), {"date_utc": "d", "command": "c", "scenario": "s",
+                                                                   "dataset": "MNIST", "target": 0.9}, sel)
+    assert "on the seeds other than 4, 5" in text and "| 4 | mlp | ssp | 0.2 | 0.4 | 2 |" in text
+    with pytest.raises(ValueError, match="at least one selection seed"):
+        study.select(rows, [])
+
+
+def test_a_rate_missing_a_selection_seed_or_overrunning_does_not_compete(tmp_path):
+    _grid(str(tmp_path))
+    _summary(study.run_dir(str(tmp_path), 4, "mlp", 0.8, "bsp", 4), 100, 1.0, 0.9, 600.0)  # no seed 5 at 0.8
+    _summary(study.run_dir(str(tmp_path), 4, "mlp", 1.6, "bsp", 4), 100, 1.0, 0.9, 600.0, overrun=0.02)
+    _summary(study.run_dir(str(tmp_path), 4, "mlp", 1.6, "bsp", 5), 100, 1.0, 0.9, 600.0)
+    sel = study.select(study.rows_from(str(tmp_path)), [4, 5])
+    assert [(c["setting"], c["lr"]) for c in sel["chosen"]] == [("bsp", 0.4), ("ssp", 0.2)]
+
+
+def test_a_study_with_selection_seeds_writes_the_tuned_table(tmp_path, monkeypatch):
+    out, docs = str(tmp_path / "study"), tmp_path / "docs"
+    _grid(out)
+    docs.mkdir()
+    (docs / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    assert study.main(["--out", out, "--np", "4", "--models", "mlp", "--settings", "ssp", "--seeds", "4,5",
+                       "--lrs", "0.2,0.4", "--select-seeds", "4,5", "--update-docs", "--docs-dir", str(docs)]) == 0
+    doc = json.loads((docs / "bench" / "study.json").read_text())
+    assert doc["selection"]["tuned"][0]["bsp_lr"] == 0.4 and {t["seeds"] for t in doc["summary"]} == {2}
+    assert "**Tuned fairly**" in (docs / "benchmarks.md").read_text()
