@@ -48,6 +48,8 @@ class Controller:
         first_round: int, the id of the next round (ids keep increasing across fits).
         members: list of the ranks this controller serves (default: all n ranks; hierarchical RNA,
             :mod:`hetsync.protocols.rna.hierarchical`, runs one controller per group of ranks).
+        average_every: int >= 0, the resolved parameter-average period (rounds; 0 never; default: the
+            configuration's ``average_every``).
 
     Attributes:
         round: int, the id of the round being probed for. done: {rank: steps} of finished ranks.
@@ -55,8 +57,9 @@ class Controller:
         probe-to-answer times (milliseconds). reprobes: int. final_sent: bool. final_reason: str or None.
     """
 
-    def __init__(self, cfg, drift_every, world_size, send, first_round=0, members=None):
+    def __init__(self, cfg, drift_every, world_size, send, first_round=0, members=None, average_every=None):
         self.cfg, self.drift_every, self.n, self._send = cfg, drift_every, world_size, send
+        self.average_every = int(cfg.average_every if average_every is None else average_every)
         self.members = list(range(world_size)) if members is None else sorted(int(r) for r in members)
         self.rng = np.random.default_rng(cfg.seed)
         self.round = first_round
@@ -94,7 +97,7 @@ class Controller:
         """The announcement of round ``r`` (tuple ``("round", r, initiator, average, drift)``; every
         ``average_every``-th round averages the parameters, every ``drift_every``-th measures the drift)."""
         k = r + 1
-        average = self.cfg.average_every > 0 and k % self.cfg.average_every == 0
+        average = self.average_every > 0 and k % self.average_every == 0
         drift = self.drift_every > 0 and k % self.drift_every == 0
         return ("round", r, initiator, average, drift)
 

@@ -208,7 +208,7 @@ class GroupController(Controller):
         self.local_rounds += 1
         k = self.local_rounds
         grouped = self.n_groups > 1
-        average = not grouped and self.cfg.average_every > 0 and k % self.cfg.average_every == 0
+        average = not grouped and self.average_every > 0 and k % self.average_every == 0
         drift = self.drift_every > 0 and k % self.drift_every == 0
         ps = grouped and k % self.cfg.sync_every == 0
         self.ps_rounds += int(ps)

@@ -88,19 +88,24 @@ class RNAConfig(ProtocolConfig):
                                unit="local iterations")
     scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
                                   "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
-    update_rule: typing.Literal["paper", "samples"] = param(
+    update_rule: typing.Literal["paper", "samples", "bounded"] = param(
         "paper", "str, what a step applies. ``\"paper\"`` (Algorithm 2): the newest round's average "
                  "sum_r w_r g'_r / sum_r w_r with w_r = 1 per contributing rank, else the step's own gradients. "
                  "``\"samples\"``: every gradient once on every replica at the learning rate over the world size, "
                  "as BSP applies it: w_r is the number of gradients rank r contributes, the applied result is "
                  "scaled by sum(w) / n, the rounds a step has not read yet are summed, and a step without a "
                  "fresh result leaves the parameters alone (no local step, so no gradient is applied twice). "
-                 "Use it with the learning rate BSP uses; not with ``scale_lr``.")
-    average_every: int = param(10, "int >= 0; average the parameters (with the model's float32 non-trainable state, "
-                                   "e.g. BatchNormalization statistics) over the active ranks every that many rounds "
-                                   "(0: never). Every 10 rounds keeps the drift small at the cost of one "
-                                   "parameter-sized allreduce per 10 rounds, off the compute path (the RNA page: the drift "
-                                   "grows without it).", ge=0, unit="rounds")
+                 "``\"bounded\"``: as ``\"samples\"``, but a step applying more than n gradients applies their mean "
+                 "at the full rate (scaled by min(sum(w), n) / n): never more than BSP's step. Use both with the "
+                 "learning rate BSP uses; not with ``scale_lr``.")
+    average_every: typing.Optional[int] = param(
+        None, "int >= 0; average the parameters (with the model's float32 non-trainable state, e.g. "
+              "BatchNormalization statistics) over the active ranks every that many rounds (0: never). None: 10 with "
+              "the paper's rule, where every 10 rounds keeps the drift of the local steps small at the cost of one "
+              "parameter-sized allreduce per 10 rounds, off the compute path; 0 with the samples rule, where every "
+              "replica applies every result once (no drift with plain SGD) and an average of snapshots taken at "
+              "different rounds only adds noise (set it with momentum or an adaptive optimizer: ranks group "
+              "results differently).", ge=0, unit="rounds", none="10 (paper rule) or 0 (samples rule)")
     drift_every: typing.Optional[int] = param(
         None, "int >= 0, measure the drift every that many rounds (None: ``average_every``, or 20 if averaging is "
               "off; 0: never).", ge=0, unit="rounds", none="average_every, or 20 without averaging")
@@ -136,8 +141,12 @@ class RNAProtocol(Protocol):
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
         c = self.cfg
-        #: the drift period in use (rounds): ``drift_every``, else ``average_every`` or 20.
-        self.drift_every = c.drift_every if c.drift_every is not None else (c.average_every or 20)
+        #: the parameter-average period in use (rounds; 0 never): ``average_every``, else 10 with the paper's rule
+        #: and 0 with the samples rule.
+        self.average_every = c.average_every if c.average_every is not None else \
+            (0 if self.per_gradient else 10)
+        #: the drift period in use (rounds): ``drift_every``, else the average period or 20.
+        self.drift_every = c.drift_every if c.drift_every is not None else (self.average_every or 20)
         self._cache = self._pcache = None
         self._vars = None
         self._round = 0
@@ -153,6 +162,12 @@ class RNAProtocol(Protocol):
         return getattr(self.cfg, "update_rule", "paper")
 
     @property
+    def per_gradient(self):
+        """True under the rules that weigh each gradient once and take no local step (``"samples"``,
+        ``"bounded"``)."""
+        return self.update_rule in ("samples", "bounded")
+
+    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -161,9 +176,9 @@ class RNAProtocol(Protocol):
         """Check ``probes`` against the world size; create the statistics, the iteration counter and the
         critical section shared by the step's update and the communication thread's snapshot."""
         n = world.size()
-        if self.update_rule == "samples" and self.cfg.scale_lr:
-            raise ValueError("RNA: update_rule='samples' scales each result by sum(w) / n itself; use it with "
-                             "scale_lr=False (the default) and the learning rate BSP uses")
+        if self.per_gradient and self.cfg.scale_lr:
+            raise ValueError(f"RNA: update_rule={self.update_rule!r} scales each result by sum(w) / n itself; use it "
+                             "with scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
@@ -191,7 +206,7 @@ class RNAProtocol(Protocol):
         self._state = [v for v in self.state_variables if v.dtype == "float32"] if self.average_state_in_rounds else []
         self._pshapes = self._shapes + [tuple(v.shape) for v in self._state]
         self._cache = ops.grad_cache_create(self._shapes, self.cfg.max_staleness)
-        if self.cfg.average_every > 0:
+        if self.average_every > 0:
             self._pcache = ops.grad_cache_create(self._pshapes, 0)
 
     def start(self):
@@ -213,8 +228,8 @@ class RNAProtocol(Protocol):
                        "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
                        "drift": [], "drift_rel": [], "corrections": 0, "round_ms": []}
         self._ctl = Controller(self.cfg, self.drift_every, self._n,
-                               lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round) \
-            if self._rank == 0 else None
+                               lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round,
+                               average_every=self.average_every) if self._rank == 0 else None
         self._loop = RoundLoop(self._p2p, self._rank, self._ctl, self, self.cfg.timeout_s, self.cfg.poll_ms)
         self._thread = threading.Thread(target=self._run, name=f"hetsync-rna-comm-{self._rank}", daemon=True)
         self._thread.start()
@@ -276,9 +291,12 @@ class RNAProtocol(Protocol):
         dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
-        samples = self.update_rule == "samples"
+        samples = self.per_gradient
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
+        elif self.update_rule == "bounded":  # the sum of g / n, never more than BSP's step of the mean
+            n = float(world.size())
+            outs = [o * (tf.minimum(wsum, n) / n) for o in outs]
         elif samples:  # sum over the round's gradients of g / n, as BSP applies each gradient
             outs = [o * (wsum / float(world.size())) for o in outs]
         st = self._stats
@@ -360,7 +378,7 @@ class RNAProtocol(Protocol):
         t0 = time.monotonic()
         flat, its, _ = ops.grad_cache_take(self._cache)
         its = its.numpy()
-        samples = self.update_rule == "samples"
+        samples = self.per_gradient
         if its.size:
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
@@ -430,7 +448,7 @@ class RNAProtocol(Protocol):
             "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
             "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
             # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
-            "contributors_unit": "gradients" if self.update_rule == "samples" else "ranks",
+            "contributors_unit": "gradients" if self.per_gradient else "ranks",
             "staleness_histogram": hist,
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
