@@ -35,19 +35,20 @@ import time
 from hetsync.bench import docpages, launch
 from hetsync.world import DILATION_ENV
 
-__all__ = ["SETTINGS", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table", "select",
-           "epochs_for", "main", "BEGIN", "END"]
+__all__ = ["SETTINGS", "DIAGNOSTIC", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table",
+           "select", "epochs_for", "main", "BEGIN", "END"]
 
 #: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
 SETTINGS = {
     "bsp": ("bsp", (), "the reference"),
     "rna": ("rna", (), "RNA as in the paper (Algorithm 2: rank-weighted rounds, local steps between them)"),
-    "rna-samples": ("rna", ("update_rule=samples",), "RNA, every gradient once on every replica at lr / n"),
-    "rna-samples-noavg": ("rna", ("update_rule=samples", "average_every=0"),
-                          "RNA with the samples rule and no periodic parameter average"),
-    "rna-samples-shard": ("rna", ("update_rule=samples", "data_plan=shard"),
-                          "RNA with the samples rule on fixed shards instead of the sample pool"),
-    "rna-bounded": ("rna", ("update_rule=bounded",), "RNA, the samples rule with each step bounded by BSP's"),
+    "rna-samples": ("rna", ("update_rule=samples",), "RNA, every gradient once on every replica at lr / n (its "
+                    "default: no periodic parameter average)"),
+    "rna-samples-avg10": ("rna", ("update_rule=samples", "average_every=10"),
+                          "RNA with the samples rule and a parameter average every 10 rounds (its former default)"),
+    "rna-samples-shard": ("rna", ("update_rule=samples", "data_plan=shard", "average_every=10"),
+                          "RNA with the samples rule and the average every 10 rounds, on fixed shards instead of "
+                          "the sample pool"),
     "rnah": ("rnah", (), "hierarchical RNA"),
     "hop": ("hop", (), "Hop, standard"),
     "hop-backup": ("hop", ("backup_workers=1",), "Hop with one backup worker"),
@@ -61,6 +62,8 @@ SETTINGS = {
     "fedavg": ("fedavg", (), "FedAvg"),
     "selsync": ("selsync", (), "SelSync"),
 }
+#: settings that isolate one cause (left out of the default ``--settings``: name them to run them).
+DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard")
 #: protocols whose launch has one more rank, the parameter server (their default ``servers=1``).
 SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
 #: evaluation every that many steps of rank 0 (dense near the target: the grid must not set the figure).
@@ -339,7 +342,7 @@ def parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--np", type=int, nargs="+", default=[4, 8], help="worker ranks (2 or more)")
     p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
-    p.add_argument("--settings", default=",".join(s for s in SETTINGS if s != "bsp"),
+    p.add_argument("--settings", default=",".join(s for s in SETTINGS if s != "bsp" and s not in DIAGNOSTIC),
                    help=f"comma-separated settings (BSP always runs): {', '.join(SETTINGS)}")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     p.add_argument("--select-seeds", default=None, help="comma-separated seeds whose runs choose each setting's "

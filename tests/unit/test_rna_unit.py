@@ -91,24 +91,8 @@ def test_the_samples_rule_applies_every_gradient_once_and_takes_no_local_step():
     assert proto.step_stats()["rna_fresh"] == 0.0
 
 
-def test_the_bounded_rule_applies_at_most_bsps_step_of_the_mean():
-    v, opt, proto = _step_setup(False, update_rule="bounded")
-    step = tf.function(lambda g: opt.apply([g], [v]))
-    step(tf.constant([1.0, 1.0, 1.0]))  # no result yet: no local step
-    np.testing.assert_allclose(v.numpy(), [0.0] * 3)
-    # 3 gradients summing to [3, 6, 9] on a world of n = 1: min(3, 1) / 1 x their mean [1, 2, 3], at lr 0.5
-    ops.grad_cache_publish(proto._cache, np.array([3.0, 6.0, 9.0, 3.0], np.float32), 0, accumulate=True)
-    step(tf.constant([1.0, 1.0, 1.0]))
-    np.testing.assert_allclose(v.numpy(), [-0.5, -1.0, -1.5], rtol=1e-6)
-    # one gradient ([2, 0, 4]): within the bound, applied as the samples rule does (lr x sum / n)
-    ops.grad_cache_publish(proto._cache, np.array([2.0, 0.0, 4.0, 1.0], np.float32), 1, accumulate=True)
-    step(tf.constant([7.0, 7.0, 7.0]))
-    np.testing.assert_allclose(v.numpy(), [-1.5, -1.0, -3.5], rtol=1e-6)
-    assert proto.per_gradient and int(opt.iterations.numpy()) == 2
-
-
 @pytest.mark.parametrize("rule, given, average, drift", [
-    ("paper", None, 10, 10), ("samples", None, 0, 20), ("bounded", None, 0, 20), ("samples", 3, 3, 3),
+    ("paper", None, 10, 10), ("samples", None, 0, 20), ("samples", 3, 3, 3),
     ("paper", 0, 0, 20)])
 def test_the_parameter_average_period_follows_the_update_rule_unless_given(rule, given, average, drift):
     opt = hetsync.RNA(keras.optimizers.SGD(0.1), update_rule=rule, average_every=given)

@@ -88,16 +88,14 @@ class RNAConfig(ProtocolConfig):
                                unit="local iterations")
     scale_lr: bool = param(False, "bool; True applies gamma_k = sum(w) * gamma (the base learning rate is then a "
                                   "per-rank rate, about gamma_BSP / n); False applies every gradient with gamma.")
-    update_rule: typing.Literal["paper", "samples", "bounded"] = param(
+    update_rule: typing.Literal["paper", "samples"] = param(
         "paper", "str, what a step applies. ``\"paper\"`` (Algorithm 2): the newest round's average "
                  "sum_r w_r g'_r / sum_r w_r with w_r = 1 per contributing rank, else the step's own gradients. "
                  "``\"samples\"``: every gradient once on every replica at the learning rate over the world size, "
                  "as BSP applies it: w_r is the number of gradients rank r contributes, the applied result is "
                  "scaled by sum(w) / n, the rounds a step has not read yet are summed, and a step without a "
                  "fresh result leaves the parameters alone (no local step, so no gradient is applied twice). "
-                 "``\"bounded\"``: as ``\"samples\"``, but a step applying more than n gradients applies their mean "
-                 "at the full rate (scaled by min(sum(w), n) / n): never more than BSP's step. Use both with the "
-                 "learning rate BSP uses; not with ``scale_lr``.")
+                 "Use it with the learning rate BSP uses; not with ``scale_lr``.")
     average_every: typing.Optional[int] = param(
         None, "int >= 0; average the parameters (with the model's float32 non-trainable state, e.g. "
               "BatchNormalization statistics) over the active ranks every that many rounds (0: never). None: 10 with "
@@ -163,9 +161,8 @@ class RNAProtocol(Protocol):
 
     @property
     def per_gradient(self):
-        """True under the rules that weigh each gradient once and take no local step (``"samples"``,
-        ``"bounded"``)."""
-        return self.update_rule in ("samples", "bounded")
+        """True under the rule that weighs each gradient once and takes no local step (``"samples"``)."""
+        return self.update_rule == "samples"
 
     @property
     def _done_steps(self):
@@ -294,9 +291,6 @@ class RNAProtocol(Protocol):
         samples = self.per_gradient
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
-        elif self.update_rule == "bounded":  # the sum of g / n, never more than BSP's step of the mean
-            n = float(world.size())
-            outs = [o * (tf.minimum(wsum, n) / n) for o in outs]
         elif samples:  # sum over the round's gradients of g / n, as BSP applies each gradient
             outs = [o * (wsum / float(world.size())) for o in outs]
         st = self._stats
