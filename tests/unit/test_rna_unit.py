@@ -19,7 +19,8 @@ def init():
     ({"probes": 0}, "RNA: probes must be an integer >= 1 (ranks probed per round), got 0"),
     ({"probes": 3}, "probes=3 exceeds the world size 1"),
     ({"max_staleness": -1}, "RNA: max_staleness must be an integer >= 0 (local iterations), got -1"),
-    ({"average_every": 1.5}, "RNA: average_every must be an integer >= 0 (rounds), got 1.5"),
+    ({"average_every": 1.5}, "RNA: average_every must be None (by the update rule: 10 for the paper's, 0 for "
+                             "samples) or an integer >= 0 (rounds), got 1.5"),
     ({"drift_every": -1}, "RNA: drift_every must be None (average_every, or 20 without averaging) or an integer "
                           ">= 0 (rounds), got -1"),
     ({"scale_lr": "yes"}, "RNA: scale_lr must be True or False, got 'yes'"),

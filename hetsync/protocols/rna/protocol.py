@@ -103,7 +103,8 @@ class RNAConfig(ProtocolConfig):
               "parameter-sized allreduce per 10 rounds, off the compute path; 0 with the samples rule, where every "
               "replica applies every result once (no drift with plain SGD) and an average of snapshots taken at "
               "different rounds only adds noise (set it with momentum or an adaptive optimizer: ranks group "
-              "results differently).", ge=0, unit="rounds", none="10 (paper rule) or 0 (samples rule)")
+              "results differently).", ge=0, unit="rounds",
+        none="by the update rule: 10 for the paper's, 0 for samples")
     drift_every: typing.Optional[int] = param(
         None, "int >= 0, measure the drift every that many rounds (None: ``average_every``, or 20 if averaging is "
               "off; 0: never).", ge=0, unit="rounds", none="average_every, or 20 without averaging")
