@@ -18,6 +18,13 @@ def _summary(folder, samples, ttt, acc, steady, overrun=0.0):
                    "dilation": 1.0}, f)
 
 
+def _no_launch_docs(docs, monkeypatch):
+    # an empty docs folder with the benchmarks page, and any launch fails the test
+    docs.mkdir()
+    (docs / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+
+
 def _make(out):
     # seeds 1-3 of BSP and RNA at 4 ranks (MLP, lr 0.2); RNA misses the target on seed 3
     for seed, (sb, tb, ab, sr, tr, ar) in enumerate([(1000, 10.0, 0.90, 1250, 5.0, 0.91),
@@ -48,9 +55,7 @@ def test_the_table_is_the_median_over_seeds_of_the_ratios_to_bsp(tmp_path):
 def test_a_resumed_study_launches_nothing_and_writes_the_docs_block(tmp_path, monkeypatch):
     out, docs = str(tmp_path / "study"), tmp_path / "docs"
     _make(out)
-    docs.mkdir()
-    (docs / "benchmarks.md").write_text("# Benchmarks\n")
-    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    _no_launch_docs(docs, monkeypatch)
     status = study.main(["--out", out, "--np", "4", "--models", "mlp", "--settings", "rna", "--seeds", "1,2",
                          "--update-docs", "--docs-dir", str(docs)])
     assert status == 0
@@ -106,9 +111,7 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, c
 def test_a_study_resumed_from_its_document_runs_only_what_the_document_lacks(tmp_path, monkeypatch):
     first, docs = str(tmp_path / "first"), tmp_path / "docs"
     _make(first)
-    docs.mkdir()
-    (docs / "benchmarks.md").write_text("# Benchmarks\n")
-    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    _no_launch_docs(docs, monkeypatch)
     assert study.main(["--out", first, "--np", "4", "--models", "mlp", "--settings", "rna", "--seeds", "1,2,3",
                        "--update-docs", "--docs-dir", str(docs)]) == 0
     doc_path = str(docs / "bench" / "study.json")
@@ -181,9 +184,7 @@ def test_a_rate_missing_a_selection_seed_or_overrunning_does_not_compete(tmp_pat
 def test_a_study_with_selection_seeds_writes_the_tuned_table(tmp_path, monkeypatch):
     out, docs = str(tmp_path / "study"), tmp_path / "docs"
     _grid(out)
-    docs.mkdir()
-    (docs / "benchmarks.md").write_text("# Benchmarks\n")
-    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
+    _no_launch_docs(docs, monkeypatch)
     assert study.main(["--out", out, "--np", "4", "--models", "mlp", "--settings", "ssp", "--seeds", "4,5",
                        "--lrs", "0.2,0.4", "--select-seeds", "4,5", "--update-docs", "--docs-dir", str(docs)]) == 0
     doc = json.loads((docs / "bench" / "study.json").read_text())
