@@ -264,15 +264,15 @@ def select(rows, select_seeds):
                                                                                       _order(kv[0][2])))]
     report = {(int(r["np"]), r["model"], r["setting"], float(r["lr"]), int(r["seed"])): r for r in rows
               if int(r["seed"]) not in chosen_seeds}
+    report_seeds = sorted({key[4] for key in report})
     tuned = []
     for c in chosen:
         bsp = best.get((c["np"], c["model"], "bsp"))
         if c["setting"] == "bsp" or bsp is None:
             continue
-        pairs = [(r, report[(c["np"], c["model"], "bsp", bsp[2], seed)])
-                 for (n, model, setting, lr, seed), r in sorted(report.items())
-                 if (n, model, setting, lr) == (c["np"], c["model"], c["setting"], c["lr"])
-                 and (n, model, "bsp", bsp[2], seed) in report]
+        mine, ref = (c["np"], c["model"], c["setting"], c["lr"]), (c["np"], c["model"], "bsp", bsp[2])
+        pairs = [(report[mine + (seed,)], report[ref + (seed,)]) for seed in report_seeds
+                 if mine + (seed,) in report and ref + (seed,) in report]
         if pairs:
             tuned.append({"np": c["np"], "model": c["model"], "lr": c["lr"], "bsp_lr": bsp[2],
                           "setting": c["setting"], **_stats(pairs)})
@@ -289,6 +289,16 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def _mark(t):
+    return " !" if t["overrun_max"] >= 0.01 else ""
+
+
+def _ratios(t):
+    """A table row's cells from ``seeds`` to ``reached`` (str, ending with the row's closing bar)."""
+    return (f"{t['seeds']} | {_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | "
+            f"{_fmt(t['steady_ratio'], '.2f')}x | {_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} |")
+
+
 def markdown(summary, meta, selection=None):
     """The generated docs block (str): how it was measured, then one table row per :func:`table` entry and, with a
     ``selection`` (:func:`select`'s dict), the tuned comparison: every setting at its chosen learning rate against
@@ -302,10 +312,7 @@ def markdown(summary, meta, selection=None):
              "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in summary:
-        mark = " !" if t["overrun_max"] >= 0.01 else ""
-        lines.append(f"| {t['np']} | {t['model']} | {t['lr']:g} | {t['setting']}{mark} | {t['seeds']} | "
-                     f"{_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | {_fmt(t['steady_ratio'], '.2f')}x | "
-                     f"{_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} |")
+        lines.append(f"| {t['np']} | {t['model']} | {t['lr']:g} | {t['setting']}{_mark(t)} | {_ratios(t)}")
     if selection:
         sel = ", ".join(map(str, selection["select_seeds"]))
         lines += ["", f"**Tuned fairly**: each setting's learning rate, BSP's included, chosen on seeds {sel} (the "
@@ -315,11 +322,8 @@ def markdown(summary, meta, selection=None):
                   "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for t in selection["tuned"]:
-            mark = " !" if t["overrun_max"] >= 0.01 else ""
-            lines.append(f"| {t['np']} | {t['model']} | {t['setting']}{mark} | {t['lr']:g} | {t['bsp_lr']:g} | "
-                         f"{t['seeds']} | {_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | "
-                         f"{_fmt(t['steady_ratio'], '.2f')}x | {_fmt(t['accuracy_delta'], '+.1f')} pt | "
-                         f"{t['reached']} |")
+            lines.append(f"| {t['np']} | {t['model']} | {t['setting']}{_mark(t)} | {t['lr']:g} | {t['bsp_lr']:g} | "
+                         f"{_ratios(t)}")
     return "\n".join(lines)
 
 

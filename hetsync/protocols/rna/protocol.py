@@ -143,7 +143,7 @@ class RNAProtocol(Protocol):
         #: the parameter-average period in use (rounds; 0 never): ``average_every``, else 10 with the paper's rule
         #: and 0 with the samples rule.
         self.average_every = c.average_every if c.average_every is not None else \
-            (0 if self.per_gradient else 10)
+            (0 if self.update_rule == "samples" else 10)
         #: the drift period in use (rounds): ``drift_every``, else the average period or 20.
         self.drift_every = c.drift_every if c.drift_every is not None else (self.average_every or 20)
         self._cache = self._pcache = None
@@ -161,11 +161,6 @@ class RNAProtocol(Protocol):
         return getattr(self.cfg, "update_rule", "paper")
 
     @property
-    def per_gradient(self):
-        """True under the rule that weighs each gradient once and takes no local step (``"samples"``)."""
-        return self.update_rule == "samples"
-
-    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -174,9 +169,9 @@ class RNAProtocol(Protocol):
         """Check ``probes`` against the world size; create the statistics, the iteration counter and the
         critical section shared by the step's update and the communication thread's snapshot."""
         n = world.size()
-        if self.per_gradient and self.cfg.scale_lr:
-            raise ValueError(f"RNA: update_rule={self.update_rule!r} scales each result by sum(w) / n itself; use it "
-                             "with scale_lr=False (the default) and the learning rate BSP uses")
+        if self.update_rule == "samples" and self.cfg.scale_lr:
+            raise ValueError("RNA: update_rule='samples' scales each result by sum(w) / n itself; use it with "
+                             "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
@@ -289,7 +284,7 @@ class RNAProtocol(Protocol):
         dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
-        samples = self.per_gradient
+        samples = self.update_rule == "samples"
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
         elif samples:  # sum over the round's gradients of g / n, as BSP applies each gradient
@@ -373,7 +368,7 @@ class RNAProtocol(Protocol):
         t0 = time.monotonic()
         flat, its, _ = ops.grad_cache_take(self._cache)
         its = its.numpy()
-        samples = self.per_gradient
+        samples = self.update_rule == "samples"
         if its.size:
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
@@ -443,7 +438,7 @@ class RNAProtocol(Protocol):
             "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
             "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
             # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
-            "contributors_unit": "gradients" if self.per_gradient else "ranks",
+            "contributors_unit": "gradients" if self.update_rule == "samples" else "ranks",
             "staleness_histogram": hist,
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
