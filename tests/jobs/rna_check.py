@@ -14,6 +14,8 @@ MODE:
              model computes in well under 1 ms, and 20x that can be shorter than a round).
   samples    as straggler, with ``update_rule="samples"``, no parameter average and none at the end: every
              rank's final weight is -lr / n times the sum of the gradients of the rounds it read.
+  stalelr    as samples, with ``stale_lr="inverse"``; every rank also reports r(t), the last round each of its
+             steps' gradients included (the ring the contributions' staleness is read from).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
   stall      rank 2 stops stepping after its 10th step until its communication thread has ended
              (at most 60 s) while the others run 60 steps; finish_timeout_s=3, so the controller
@@ -68,10 +70,12 @@ rna_module.ops = observer
 kwargs = {"probes": 2, "max_staleness": 3, "average_every": 5}
 steps = 100
 spec = "none"
-if mode in ("straggler", "samples"):
+if mode in ("straggler", "samples", "stalelr"):
     spec = "deterministic:3:20"
-    if mode == "samples":
+    if mode in ("samples", "stalelr"):
         kwargs.update(update_rule="samples", average_every=0, drift_every=0, average_at_end=False)
+    if mode == "stalelr":
+        kwargs.update(stale_lr="inverse")
 elif mode == "uneven":
     steps = 40 + 40 * rank
 elif mode == "stall":
@@ -81,14 +85,14 @@ elif mode == "stuck":
     steps = 30
     kwargs.update(finish_timeout_s=2.0, timeout_s=4.0)
 else:
-    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, uneven, stall or stuck")
+    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, stalelr, uneven, stall or stuck")
 
 
 class Stall(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if mode == "stall" and rank == 2 and batch == 9:
             proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
-        if mode in ("straggler", "samples") and rank == 3:
+        if mode in ("straggler", "samples", "stalelr") and rank == 3:
             time.sleep(0.06)
 
 
@@ -130,7 +134,8 @@ except hetsync.protocols.rna.protocol.RNAError as exc:
 stop_s = time.time() - timer.t
 wall = time.time() - t0
 mine = {"rank": rank, "c": c, "steps_run": int(proto.done_steps), "log": observer.log, "wall_s": wall,
-        "w_final": float(model.get_weights()[0].ravel()[0]), "error": error, "stop_s": stop_s}
+        "w_final": float(model.get_weights()[0].ravel()[0]), "error": error, "stop_s": stop_s,
+        "read_rounds": proto._read_rounds.numpy()[:steps].tolist() if mode == "stalelr" else None}
 everything = hetsync.transport.allgather_object(mine, name="rna_check")
 if rank == 0:
     with open(out_path, "w") as f:

@@ -89,6 +89,43 @@ def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp
         assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
 
 
+def test_the_staleness_dependent_rate_scales_each_contribution_by_its_rounds_of_staleness(tmp_path):
+    out = tmp_path / "stalelr.json"
+    launch(4, ["tests/jobs/rna_check.py", "stalelr", str(out)], timeout=240)
+    r = read_json(out)
+    n, lr = r["n"], 0.01
+    by_round, factors, hist = {}, [], [0] * 64
+    for rk in r["ranks"]:
+        read = rk["read_rounds"]
+        assert read[0] == -1 and read == sorted(read)  # the first step saw no round; rounds are read in order
+        for e in rk["log"]:
+            by_round.setdefault(e["round"], {})[rk["rank"]] = e
+            if e["its"]:  # c_t = R - 1 - r(t) rounds; f_t = 1 / max(c_t, 1); weights a_t = t - t_0 + 1
+                c = [max(e["round"] - 1 - read[t], 0) for t in e["its"]]
+                a = [t - e["its"][0] + 1 for t in e["its"]]
+                e["f"] = sum(ai / max(ci, 1) for ai, ci in zip(a, c)) / sum(a)
+                factors.append(e["f"])
+                for ci in c:
+                    hist[min(ci, 15)] += 1
+    sums = []
+    for rid in sorted(by_round):
+        entries = by_round[rid]
+        want_w = sum(len(e["its"]) for e in entries.values())
+        want_wg = sum(len(e["its"]) * e["f"] * (i + 1) for i, e in entries.items() if e["its"])
+        for e in entries.values():  # w counts the gradients; w g' carries m x the mean factor
+            assert e["sum_w"] == want_w and abs(e["sum_wg"] - want_wg) < 1e-4 * max(1.0, want_wg)
+        sums.append(want_wg)
+    s = r["stats"]
+    assert s["stale_lr"] == "inverse"
+    assert s["round_staleness_histogram"] == hist[:16]
+    assert sum(hist[2:]) >= 1 and min(factors) < 1.0  # the straggler's gradients were stale by 2 rounds or more
+    assert abs(s["lr_scale_mean"] - sum(factors) / len(factors)) < 1e-9
+    prefix = [sum(sums[:k]) for k in range(len(sums) + 1)]
+    for rk in r["ranks"]:  # every replica applied -lr / n x the scaled sums of the rounds it read, once each
+        applied = -rk["w_final"] * n / lr
+        assert min(abs(applied - p) for p in prefix) < 1e-3 * max(1.0, applied), (rk["rank"], applied, prefix[-5:])
+
+
 def test_ranks_with_different_step_counts_end_cleanly(tmp_path):
     out = tmp_path / "uneven.json"
     launch(4, ["tests/jobs/rna_check.py", "uneven", str(out)], timeout=240)

@@ -29,6 +29,8 @@ def init():
     ({"poll_ms": float("nan")}, "RNA: poll_ms must be a number > 0 (milliseconds), got nan"),
     ({"update_rule": "sum"}, "RNA: update_rule must be one of"),
     ({"update_rule": "samples", "scale_lr": True}, "use it with scale_lr=False"),
+    ({"stale_lr": "inverse"}, "RNA: stale_lr='inverse' needs update_rule='samples'"),
+    ({"stale_lr": "sqrt", "update_rule": "samples"}, "RNA: stale_lr must be one of"),
 ])
 def test_bad_arguments_fail_at_wrap_time(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -42,10 +44,10 @@ def test_cli_arguments_are_checked_against_the_signature():
         hetsync.protocols.parse_protocol_args("rna", ["probe=1"])
 
 
-def _step_setup(scale_lr, average_every=0, update_rule="paper"):
+def _step_setup(scale_lr, average_every=0, update_rule="paper", **kwargs):
     v = keras.Variable(np.zeros(3, np.float32))
     opt = hetsync.RNA(keras.optimizers.SGD(0.5), scale_lr=scale_lr, average_every=average_every, drift_every=0,
-                      update_rule=update_rule)
+                      update_rule=update_rule, **kwargs)
     opt.build([v])
     proto = opt.hetsync_protocol
     proto._create_caches()  # what start() does, without the communication thread
@@ -90,6 +92,27 @@ def test_the_samples_rule_applies_every_gradient_once_and_takes_no_local_step():
     np.testing.assert_allclose(v.numpy(), [-3.0, -3.5, -7.0], rtol=1e-6)
     assert int(opt.iterations.numpy()) == 2  # the wrapped optimizer stepped only on the two fresh results
     assert proto.step_stats()["rna_fresh"] == 0.0
+
+
+def test_the_staleness_dependent_rate_records_each_steps_round_and_scales_by_the_rounds_missed():
+    v, opt, proto = _step_setup(False, update_rule="samples", stale_lr="inverse")
+    step = tf.function(lambda g: opt.apply([g], [v]))
+    step(tf.constant([1.0, 1.0, 1.0]))  # t = 0 on the initial parameters (no round yet)
+    ops.grad_cache_publish(proto._cache, np.array([1.0, 1.0, 1.0, 1.0], np.float32), 0, accumulate=True)
+    step(tf.constant([1.0, 1.0, 1.0]))  # t = 1 computed before reading round 0
+    step(tf.constant([1.0, 1.0, 1.0]))  # t = 2 on parameters that include round 0
+    np.testing.assert_array_equal(proto._read_rounds.numpy()[:4], [-1, -1, 0, -1])
+    proto._local = {"round_staleness": np.zeros(16, np.int64), "lr_scale": []}
+    proto._flat_size = 3
+    # contributed to round 3: c = 3 - 1 - r(t) = 3, 3, 2 rounds; f = 1/3, 1/3, 1/2; the cache's weights 1, 2, 3
+    scale = proto._contribution_scale(np.array([0, 1, 2]), 3)
+    mean_f = (1 / 3 + 2 / 3 + 3 / 2) / 6
+    np.testing.assert_allclose(scale, [3 * mean_f] * 3 + [3.0], rtol=1e-6)
+    assert proto._local["round_staleness"][2] == 1 and proto._local["round_staleness"][3] == 2
+    np.testing.assert_allclose(proto._local["lr_scale"], [mean_f])
+    # a gradient that missed no round, or one round, keeps the full rate (1 / max(c, 1))
+    np.testing.assert_allclose(proto._contribution_scale(np.array([2]), 1), [1.0] * 4)
+    np.testing.assert_allclose(proto._contribution_scale(np.array([2]), 2), [1.0] * 4)
 
 
 @pytest.mark.parametrize("rule, given, average, drift", [

@@ -32,6 +32,12 @@ How one rank works
   gamma / n x (the sum of its gradients) (BSP's step when every rank contributes one), results the step has not
   read yet are summed (:func:`hetsync.ops.grad_cache_publish` with ``accumulate``), and a step without a fresh
   result applies nothing: a rank's own gradient is never applied locally and again inside a later round.
+* **Staleness-dependent rate** (``stale_lr="inverse"``, samples rule only): the step records, per local
+  iteration t, the last round r(t) its parameters include; a gradient contributed to round R has staleness
+  c = R - 1 - r(t) rounds (results it did not see) and is applied with gamma / max(c, 1) (Zhang, Gupta, Lian
+  and Liu, "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016: alpha_0 / tau). The
+  accumulation g' combines m gradients with the cache's weights a_t, so the rank scales its contribution by
+  m x sum_t a_t f_t / sum_t a_t (f_t = 1 / max(c_t, 1)): exact when its pending gradients share one staleness.
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
   drift apart like a random walk. The communication thread measures the drift, the largest L2
@@ -72,6 +78,11 @@ log = logging.getLogger("hetsync")
 
 #: Python's thread switch interval (seconds) while an RNA communication thread runs (restored at stop).
 SWITCH_INTERVAL_S = 0.0005
+#: entries of the ring recording, per local iteration, the last round a step's parameters included
+#: (``stale_lr="inverse"``); far more than the iterations a rank can have pending (max_staleness + 1).
+STALE_RING = 4096
+#: bins of the round-staleness histogram (the last bin counts that staleness and more).
+STALE_BINS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +107,12 @@ class RNAConfig(ProtocolConfig):
                  "scaled by sum(w) / n, the rounds a step has not read yet are summed, and a step without a "
                  "fresh result leaves the parameters alone (no local step, so no gradient is applied twice). "
                  "Use it with the learning rate BSP uses; not with ``scale_lr``.")
+    stale_lr: typing.Literal["constant", "inverse"] = param(
+        "constant", "str, with the samples rule: ``\"constant\"`` applies every gradient with the same rate; "
+                    "``\"inverse\"`` scales a rank's contribution to round R by 1 / max(c, 1), where c, the "
+                    "gradient's staleness, is the number of rounds published after the last round its parameters "
+                    "included and before R (staleness-aware asynchronous SGD, Zhang, Gupta, Lian and Liu, IJCAI "
+                    "2016: alpha_0 / tau). Not with the paper's rule.")
     average_every: typing.Optional[int] = param(
         None, "int >= 0; average the parameters (with the model's float32 non-trainable state, e.g. "
               "BatchNormalization statistics) over the active ranks every that many rounds (0: never). None: 10 with "
@@ -161,6 +178,12 @@ class RNAProtocol(Protocol):
         return getattr(self.cfg, "update_rule", "paper")
 
     @property
+    def stale_lr(self):
+        """The learning-rate rule for stale gradients (str): the config's ``stale_lr``; ``"constant"`` for a
+        configuration without one (hierarchical RNA)."""
+        return getattr(self.cfg, "stale_lr", "constant")
+
+    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -174,12 +197,20 @@ class RNAProtocol(Protocol):
                              "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
+        if self.stale_lr != "constant" and self.update_rule != "samples":
+            raise ValueError(f"RNA: stale_lr={self.stale_lr!r} needs update_rule='samples' (the paper's rule applies "
+                             "local steps between rounds); use stale_lr='constant' with update_rule='paper'")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
                   "rna_drift", "rna_param_corrections"):
             self.add_stat(s, -1.0 if s == "rna_drift" else 0.0)
         with tf.init_scope():
             self._iteration = tf.Variable(-1, dtype=tf.int64, trainable=False, name="hetsync_rna_iteration")
             self._section = tf.CriticalSection(name="hetsync_rna_update")
+            if self.stale_lr == "inverse":
+                # r(t) per local iteration t (ring of STALE_RING entries) and the last round the parameters include
+                self._read_rounds = tf.Variable(tf.fill([STALE_RING], tf.constant(-1, tf.int64)), trainable=False,
+                                                name="hetsync_rna_read_rounds")
+                self._params_round = tf.Variable(-1, dtype=tf.int64, trainable=False, name="hetsync_rna_params_round")
 
     def _create_caches(self):
         variables = list(getattr(self.optimizer, "_trainable_variables", None) or [])
@@ -219,7 +250,9 @@ class RNAProtocol(Protocol):
         self._steps_at_start = int(self._iteration.numpy())
         self._local = {"rounds_joined": 0, "contributed_rounds": 0,
                        "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
-                       "drift": [], "drift_rel": [], "corrections": 0, "round_ms": []}
+                       "drift": [], "drift_rel": [], "corrections": 0, "round_ms": [],
+                       "round_staleness": np.zeros(STALE_BINS, np.int64), "lr_scale": []}
+        self._flat_size = int(sum(np.prod(s, dtype=np.int64) for s in self._shapes))
         self._ctl = Controller(self.cfg, self.drift_every, self._n,
                                lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round,
                                average_every=self.average_every) if self._rank == 0 else None
@@ -281,9 +314,16 @@ class RNAProtocol(Protocol):
             raise RuntimeError("RNA: the step's variables do not match the optimizer's trainable variables")
         grads = [tf.zeros(v.shape, tf.float32) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
         it = self._iteration.assign_add(1)
-        dropped = ops.grad_cache_write(self._cache, grads, it)
+        recorded = []
+        if self.stale_lr == "inverse":  # r(t): the last round this step's gradients were computed with
+            recorded = [self._read_rounds[it % STALE_RING].assign(self._params_round)]
+        with tf.control_dependencies(recorded):
+            dropped = ops.grad_cache_write(self._cache, grads, it)
         with tf.control_dependencies([dropped]):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
+        if self.stale_lr == "inverse":
+            with tf.control_dependencies(recorded):
+                self._params_round.assign(round_id)  # the next step's gradients include every round read so far
         samples = self.update_rule == "samples"
         if self.cfg.scale_lr:
             outs = [o * wsum for o in outs]
@@ -373,7 +413,7 @@ class RNAProtocol(Protocol):
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
             if samples:  # w_r = the gradients this rank contributes: [m g', m]
-                flat = flat * float(its.size)
+                flat = flat * self._contribution_scale(its, round_id)
         reduced = transport.allreduce_sum([flat], name="hetsync_rna_round")[0]
         ops.grad_cache_publish(self._cache, reduced, round_id, accumulate=samples)
         self._local["round_ms"].append((time.monotonic() - t0) * 1e3)
@@ -386,6 +426,25 @@ class RNAProtocol(Protocol):
             self._set_stat("rna_probe_ms", self._ctl.response_ms[-1])
         if average or drift:
             self._parameter_round(round_id, average)
+
+    def _contribution_scale(self, its, round_id):
+        """The factors on ``[g', w]`` of this rank's contribution under the samples rule: float32 [total + 1],
+        m on every entry, or with ``stale_lr="inverse"`` m x (the cache-weighted mean of 1 / max(c_t, 1)) on
+        g' (c_t = round_id - 1 - r(t) rounds, counted in the statistics) and m on w."""
+        m = float(its.size)
+        scale = np.full(self._flat_size + 1, m, np.float32)
+        if self.stale_lr != "inverse":
+            return scale
+        read = self._read_rounds.numpy()[its % STALE_RING]
+        stale = np.maximum(round_id - 1 - read, 0)
+        hist = self._local["round_staleness"]
+        np.add.at(hist, np.minimum(stale, hist.size - 1), 1)
+        f = 1.0 / np.maximum(stale, 1)
+        a = (its - its[0] + 1).astype(np.float64)  # the cache's weights t - (k - tau) + 1
+        mean_f = float(np.sum(a * f) / np.sum(a))
+        self._local["lr_scale"].append(mean_f)
+        scale[:-1] *= mean_f
+        return scale
 
     def _parameter_round(self, round_id, average):
         """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
@@ -426,7 +485,9 @@ class RNAProtocol(Protocol):
                                    if st["newest_round"] >= 0 else 0),
                 "rounds_joined": loc["rounds_joined"], "probes_answered": self._loop.probes_answered,
                 "probes_expired": self._loop.probes_expired, "late_messages": late,
-                "staleness_histogram": [int(v) for v in loc["staleness"]], "error": self._error}
+                "staleness_histogram": [int(v) for v in loc["staleness"]], "error": self._error,
+                "round_staleness_histogram": [int(v) for v in loc["round_staleness"]],
+                "lr_scale_sum": float(np.sum(loc["lr_scale"])), "lr_scale_n": len(loc["lr_scale"])}
         per_rank = transport.allgather_object(mine, name="hetsync_rna_totals")
         hist = np.sum([d["staleness_histogram"] for d in per_rank], axis=0).astype(int).tolist()
         rounds = loc["rounds_joined"]
@@ -440,6 +501,7 @@ class RNAProtocol(Protocol):
             # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
             "contributors_unit": "gradients" if self.update_rule == "samples" else "ranks",
             "staleness_histogram": hist,
+            "stale_lr": self.stale_lr,
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
             "unsynchronized_gradients": sum(d["written"] - d["taken"] for d in per_rank),
@@ -454,6 +516,11 @@ class RNAProtocol(Protocol):
             "final_reason": self._final_reason,
             "per_rank": per_rank,
         }
+        if self.stale_lr == "inverse":
+            n_scaled = sum(d["lr_scale_n"] for d in per_rank)
+            s["round_staleness_histogram"] = np.sum([d["round_staleness_histogram"] for d in per_rank],
+                                                    axis=0).astype(int).tolist()
+            s["lr_scale_mean"] = sum(d["lr_scale_sum"] for d in per_rank) / n_scaled if n_scaled else None
         if self._ctl is not None:
             ms = np.asarray(self._ctl.response_ms)
             s.update({
