@@ -49,6 +49,9 @@ SETTINGS = {
     "rna-samples-shard": ("rna", ("update_rule=samples", "data_plan=shard", "average_every=10"),
                           "RNA with the samples rule and the average every 10 rounds, on fixed shards instead of "
                           "the sample pool"),
+    "rna-samples-stalelr": ("rna", ("update_rule=samples", "stale_lr=inverse"),
+                            "RNA with the samples rule and the staleness-dependent rate gamma / max(c, 1) (Zhang et "
+                            "al., IJCAI 2016)"),
     "rnah": ("rnah", (), "hierarchical RNA"),
     "hop": ("hop", (), "Hop, standard"),
     "hop-backup": ("hop", ("backup_workers=1",), "Hop with one backup worker"),
