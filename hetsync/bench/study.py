@@ -66,7 +66,7 @@ SETTINGS = {
     "selsync": ("selsync", (), "SelSync"),
 }
 #: settings that isolate one cause (left out of the default ``--settings``: name them to run them).
-DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard")
+DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard", "rna-samples-stalelr")
 #: protocols whose launch has one more rank, the parameter server (their default ``servers=1``).
 SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
 #: evaluation every that many steps of rank 0 (dense near the target: the grid must not set the figure).
