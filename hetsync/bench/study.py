@@ -363,7 +363,8 @@ def parser():
     p.add_argument("--dilation", action="append", default=["8=3"], metavar="NP=D",
                    help="time dilation D for world size NP, repeatable")
     p.add_argument("--out", default="runs/study", help="output folder (resumable)")
-    p.add_argument("--time-cap-min", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--time-cap-min", type=float, default=None,
+                   help="start no new run after this many minutes (> 0; left out: no cap)")
     p.add_argument("--resume-doc", metavar="JSON", default=None,
                    help="an earlier study document (docs/bench/study.json): its runs count as done and join the "
                    "table, so a study outlives its run folders")
@@ -392,6 +393,9 @@ def main(argv=None):
         p.error(str(exc))
     if any(n < 2 for n in args.np):
         p.error(f"--np needs world sizes >= 2, got {args.np}")
+    if args.time_cap_min is not None and not args.time_cap_min > 0:
+        p.error(f"--time-cap-min must be > 0 minutes (a cap of {args.time_cap_min:g} would start no run); leave it "
+                "out for no cap")
     if not 0 < args.target < 1 or any(lr <= 0 for lr in lrs):
         p.error(f"--target must be in (0, 1) and --lrs > 0, got {args.target} and {lrs}")
     missing = [m for m in models if epochs.get(m, 0) < 1]

@@ -100,6 +100,7 @@ def test_a_server_protocol_launches_one_more_rank_and_a_dilated_world_gets_d(tmp
     (["--select-seeds", "x"], "--select-seeds"),
     (["--epochs", "mlp=0"], "no epochs >= 1 for mlp"),
     (["--dilation", "8=0.5"], ">= 1"),
+    (["--time-cap-min", "0"], "--time-cap-min must be > 0 minutes (a cap of 0 would start no run)"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched"))
