@@ -252,7 +252,6 @@ class RNAProtocol(Protocol):
                        "staleness": np.zeros(self.cfg.max_staleness + 1, np.int64), "contributors": {},
                        "drift": [], "drift_rel": [], "corrections": 0, "round_ms": [],
                        "round_staleness": np.zeros(STALE_BINS, np.int64), "lr_scale": []}
-        self._flat_size = int(sum(np.prod(s, dtype=np.int64) for s in self._shapes))
         self._ctl = Controller(self.cfg, self.drift_every, self._n,
                                lambda dst, msg: self._p2p.send(dst, CONTROL, msg), self._round,
                                average_every=self.average_every) if self._rank == 0 else None
@@ -413,7 +412,9 @@ class RNAProtocol(Protocol):
             self._local["contributed_rounds"] += 1
             np.add.at(self._local["staleness"], its[-1] - its, 1)
             if samples:  # w_r = the gradients this rank contributes: [m g', m]
-                flat = flat * self._contribution_scale(its, round_id)
+                g_factor, w_factor = self._contribution_scale(its, round_id)
+                flat = flat * w_factor if g_factor == w_factor else \
+                    tf.concat([flat[:-1] * g_factor, flat[-1:] * w_factor], 0)
         reduced = transport.allreduce_sum([flat], name="hetsync_rna_round")[0]
         ops.grad_cache_publish(self._cache, reduced, round_id, accumulate=samples)
         self._local["round_ms"].append((time.monotonic() - t0) * 1e3)
@@ -428,13 +429,12 @@ class RNAProtocol(Protocol):
             self._parameter_round(round_id, average)
 
     def _contribution_scale(self, its, round_id):
-        """The factors on ``[g', w]`` of this rank's contribution under the samples rule: float32 [total + 1],
-        m on every entry, or with ``stale_lr="inverse"`` m x (the cache-weighted mean of 1 / max(c_t, 1)) on
-        g' (c_t = round_id - 1 - r(t) rounds, counted in the statistics) and m on w."""
+        """The factors (g_factor, w_factor), floats, on ``g'`` and ``w`` of this rank's contribution under the
+        samples rule: (m, m) for m taken gradients, or with ``stale_lr="inverse"`` (m x the cache-weighted mean of
+        1 / max(c_t, 1), m) with c_t = round_id - 1 - r(t) rounds (counted in the statistics)."""
         m = float(its.size)
-        scale = np.full(self._flat_size + 1, m, np.float32)
         if self.stale_lr != "inverse":
-            return scale
+            return m, m
         read = self._read_rounds.numpy()[its % STALE_RING]
         stale = np.maximum(round_id - 1 - read, 0)
         hist = self._local["round_staleness"]
@@ -443,8 +443,7 @@ class RNAProtocol(Protocol):
         a = (its - its[0] + 1).astype(np.float64)  # the cache's weights t - (k - tau) + 1
         mean_f = float(np.sum(a * f) / np.sum(a))
         self._local["lr_scale"].append(mean_f)
-        scale[:-1] *= mean_f
-        return scale
+        return m * mean_f, m
 
     def _parameter_round(self, round_id, average):
         """Measure drift (max_r ||x_r - mean||_2 over active ranks) and optionally average (every K rounds)."""
