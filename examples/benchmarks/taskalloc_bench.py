@@ -56,6 +56,12 @@ Usage: ``.venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/task
     .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/tasim --simulated 3.0 --total 28 \
         --micro-batch 8 --epochs 8 --skip 3 --repeats 2
 
+``--target`` is the throughput check on the digits set (no MNIST needed): per seed, BSP against adaptive task
+allocation with its defaults, summary.json's ``samples_per_s`` and final accuracy side by side::
+
+    .venv/bin/python examples/benchmarks/taskalloc_bench.py --target --out runs/ta-target --np 4 --epochs 10 \
+        --lr 0.2 --model mlp --seeds 1,2,3 --probe-rounds 4 --dilation 1
+
 and on the emulated cluster, with task allocation's default settings (BSP's global batch)::
 
     .venv/bin/python examples/benchmarks/taskalloc_bench.py --out runs/ta-emu4 --device 40 --np 4 \
@@ -238,6 +244,64 @@ def run_simulated(args):
     return res
 
 
+def run_target(args):
+    """The throughput check on the digits set: BSP against adaptive task allocation (``--probe-rounds``
+    K, or the paper's per-epoch rule with 0), each seed of ``--seeds`` side by side, on the emulated
+    device ``device:MS+speeds`` at time dilation ``--dilation`` D; returns the results dict.
+
+    Figures are summary.json's own: ``samples_per_s`` (every rank's samples over the fit's wall time,
+    the compiling first step included), ``final_test_accuracy``, the overrun share and the final w.
+    """
+    from hetsync.world import DILATION_ENV
+
+    os.makedirs(args.out, exist_ok=True)
+    spec = on_device(args.speeds or slow_spec(args.np), args.device or 40.0)
+    ta = ["--protocol", "taskalloc", "--protocol-arg", "mode=adaptive"]
+    if args.probe_rounds:
+        ta += ["--protocol-arg", f"probe_rounds={args.probe_rounds}"]
+    cases = {"bsp": ["--protocol", "bsp"], "taskalloc": ta}
+    env = launch.job_env()
+    if args.dilation != 1.0:
+        env[DILATION_ENV] = f"{args.dilation:g}"
+    runs = []
+    for seed in args.seeds:
+        for name, pargs in cases.items():
+            out = os.path.join(args.out, f"{name}_s{seed}")
+            cmd = launch.horovodrun(args.np, [*launch.JOB, "--dataset", "digits", "--model", args.model, "--epochs",
+                                              str(args.epochs), "--lr", str(args.lr), "--batch-size",
+                                              str(args.defaults or 32), "--seed", str(seed), "--slowdown", spec,
+                                              "--quiet", "--out", out] + pargs,
+                                    cycle_time_ms=args.cycle_time_ms if args.cycle_time_ms > 0 else None)
+            s = launch.run_for_summary(cmd, 900 * args.dilation, out, f"taskalloc target run {name} seed {seed}",
+                                       env=env)
+            rec = {"name": name, "seed": seed, "samples_per_s": s["samples_per_s"],
+                   "accuracy": s["final_test_accuracy"], "overrun": s["overrun_steps"] / max(1, s["emulated_steps"]),
+                   "w": s["stats"].get("final_w") if name == "taskalloc" else None,
+                   "probe_w": (s["stats"].get("probe") or {}).get("next_w") if name == "taskalloc" else None}
+            runs.append(rec)
+            print(json.dumps(rec), flush=True)
+    by = {(r["name"], r["seed"]): r for r in runs}
+    rows, ratios, deltas = [], [], []
+    for seed in args.seeds:
+        b, t = by[("bsp", seed)], by[("taskalloc", seed)]
+        ratios.append(t["samples_per_s"] / b["samples_per_s"])
+        deltas.append(t["accuracy"] - b["accuracy"])
+        rows.append([seed, f"{b['samples_per_s']:.0f}", f"{t['samples_per_s']:.0f}", f"{ratios[-1]:.2f}x",
+                     f"{b['accuracy']:.4f}", f"{t['accuracy']:.4f}", f"{100 * deltas[-1]:+.1f}",
+                     f"{100 * b['overrun']:.1f}% / {100 * t['overrun']:.1f}%", t["probe_w"] or "-", t["w"]])
+    print(f"{args.np} ranks, {spec}, digits, {args.epochs} epochs, dilation {args.dilation:g}, probe_rounds "
+          f"{args.probe_rounds or None}")
+    print(tabulate(rows, headers=["seed", "BSP samples/s", "task allocation samples/s", "ratio", "BSP accuracy",
+                                  "task allocation accuracy", "difference (points)", "overrun steps BSP / TA",
+                                  "w after the probe", "final w"], tablefmt="github"))
+    res = {"args": vars(args), "runs": runs, "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
+           "accuracy_difference_min_points": 100 * min(deltas)}
+    print(json.dumps({k: res[k] for k in ("ratio_min", "ratio_median", "accuracy_difference_min_points")}))
+    with open(os.path.join(args.out, "results_target.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return res
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/taskalloc_bench")
@@ -272,7 +336,24 @@ def main(argv=None):
                         "rank at half speed)")
     p.add_argument("--simulated", type=float, default=None, metavar="MS",
                    help="simulated-device variant: MS milliseconds of compute per sample (see above)")
+    p.add_argument("--target", action="store_true",
+                   help="the throughput check on the digits set: BSP against adaptive task allocation per seed "
+                        "(--seeds, --probe-rounds, --dilation; --device defaults to 40 ms, --defaults to 32)")
+    p.add_argument("--seeds", default="1,2,3", help="with --target: comma-separated seeds")
+    p.add_argument("--probe-rounds", type=int, default=0, metavar="K",
+                   help="with --target: task allocation's probe_rounds (0: the first reallocation at the end of "
+                        "the first epoch, the paper's rule)")
+    p.add_argument("--dilation", type=float, default=1.0, metavar="D",
+                   help="with --target: time dilation D >= 1 of the emulated device")
     args = p.parse_args(argv)
+    try:
+        args.seeds = [int(v) for v in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if args.probe_rounds < 0 or args.probe_rounds == 1:
+        p.error(f"--probe-rounds must be 0 (none) or an integer >= 2, got {args.probe_rounds}")
+    if not args.dilation >= 1.0:
+        p.error(f"--dilation must be a number >= 1, got {args.dilation}")
     for name in ("np", "total", "micro_batch", "epochs", "repeats", "solo_epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -292,6 +373,9 @@ def main(argv=None):
             p.error(f"--speeds must be one speeds:S0,S1,... spec, got {args.speeds!r}")
     if args.simulated is not None:
         run_simulated(args)
+        return 0
+    if args.target:
+        run_target(args)
         return 0
     if args.defaults is not None and args.defaults < 1:
         p.error(f"--defaults must be a positive batch size, got {args.defaults}")

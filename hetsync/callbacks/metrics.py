@@ -8,7 +8,9 @@ import importlib.util
 import json
 import logging
 import os
+import queue
 import socket
+import threading
 import time
 
 import keras
@@ -21,9 +23,60 @@ from hetsync.core.controls import OVERRUN_WARN_FRACTION
 from hetsync.core.wrapper import chosen_by, protocol_of
 from hetsync.emulation import faults as emulation_faults
 
-__all__ = ["SyncMetrics", "MetricAverage"]
+__all__ = ["SyncMetrics", "MetricAverage", "ScalarWriter"]
 
 log = logging.getLogger("hetsync")
+
+
+class ScalarWriter:
+    """TensorBoard scalars written by a background thread, off the training loop.
+
+    ``tf.summary.scalar`` costs about a quarter of a millisecond per value on a shared core; four per step on
+    rank 0 made rank 0 the last to reach every collective (1-2 ms per step on the emulated cluster). The
+    training thread only queues ``(step, {name: value})``; the thread writes them while the step's device work
+    (or its emulated time) leaves the CPU idle.
+
+    Args:
+        logdir: str, the TensorBoard folder (created by ``tf.summary.create_file_writer``).
+        close_timeout_s: float seconds :meth:`close` waits for the queued scalars to be written.
+    """
+
+    def __init__(self, logdir, close_timeout_s=60.0):
+        self._writer = tf.summary.create_file_writer(logdir)
+        self._queue = queue.SimpleQueue()
+        self._close_timeout_s = float(close_timeout_s)
+        self._thread = threading.Thread(target=self._run, name="hetsync-tensorboard", daemon=True)
+        self._thread.start()
+
+    def add(self, step, values):
+        """Queue the scalars ``values`` (dict str -> float) of ``step`` (int); returns at once."""
+        self._queue.put_nowait((int(step), dict(values)))
+
+    def _run(self):
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            step, values = item
+            try:
+                with self._writer.as_default(step=step):
+                    for name, value in values.items():
+                        tf.summary.scalar(name, value)
+            except Exception:  # noqa: BLE001 (logging must never stop training)
+                log.exception("SyncMetrics: writing TensorBoard scalars of step %d failed", step)
+        self._writer.flush()
+
+    def close(self):
+        """Write what is queued, flush, and end the thread (at most ``close_timeout_s`` seconds; a warning names a
+        thread that did not finish: the scalars it had not written are lost, the JSON records are not)."""
+        self._queue.put_nowait(None)
+        self._thread.join(self._close_timeout_s)
+        if self._thread.is_alive():
+            log.warning("SyncMetrics: the TensorBoard writer did not finish within %.0f s; scalars still queued were "
+                        "not written (rank*.jsonl holds every step)", self._close_timeout_s)
 
 
 class SyncMetrics(keras.callbacks.Callback):
@@ -45,17 +98,18 @@ class SyncMetrics(keras.callbacks.Callback):
     *overrun* steps (real compute longer than the emulated time); the summary holds them per rank
     (``emulated_steps``, ``overrun_steps``) and in total (``overrun_fraction``, ``emulation_valid``:
     at most :data:`hetsync.emulation.scenario.OVERRUN_WARN_FRACTION` overran), and rank 0 logs a warning when
-    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard`` (when the ``tensorboard`` package is installed; else a warning). Samples are counted per
-    completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
+    more than that fraction overran. Rank 0 also writes TensorBoard scalars under ``log_dir/tensorboard`` (when the
+    ``tensorboard`` package is installed; else a warning), from a background thread (:class:`ScalarWriter`). Samples
+    are counted per completed epoch from the protocol's ``samples_per_epoch`` (set by ``Protocol.fit_data``; 0 if
     the data did not come from it). Faults fired in the process (:func:`hetsync.emulation.scenario.fired_faults`)
-    appear as ``faults`` in the record of the step they hit, in the rank's ``per_rank`` row and, from every
-    rank, in the summary's ``faults``. A parameter-server rank writes no step records (its row in
-    ``per_rank`` has ``role: "server"`` and zero steps; ``workers`` counts the others). Each ``per_rank`` row
-    names the rank's ``host`` (its hostname) and the ``protocol`` it ended with. A run of :func:`hetsync.Auto` is
-    reported as ``protocol: "auto"`` with Auto's configuration; the summary's ``chosen_by`` (None otherwise) holds
-    the choice (:func:`hetsync.core.wrapper.chosen_by`: the chosen ``protocol`` and ``config``, the ``step`` after
-    which it was made, the ``predicted`` ranking, the ``reasons``), and ``stats`` are the chosen protocol's. The
-    summary also holds the model's ``gradient_bytes`` (int, bytes of one gradient of its trainable variables) and
+    appear as ``faults`` in the record of the step they hit, in the rank's ``per_rank`` row and, from every rank, in
+    the summary's ``faults``. A parameter-server rank writes no step records (its row in ``per_rank`` has ``role:
+    "server"`` and zero steps; ``workers`` counts the others). Each ``per_rank`` row names the rank's ``host`` (its
+    hostname) and the ``protocol`` it ended with. A run of :func:`hetsync.Auto` is reported as ``protocol: "auto"``
+    with Auto's configuration; the summary's ``chosen_by`` (None otherwise) holds the choice
+    (:func:`hetsync.core.wrapper.chosen_by`: the chosen ``protocol`` and ``config``, the ``step`` after which it was
+    made, the ``predicted`` ranking, the ``reasons``), and ``stats`` are the chosen protocol's. The summary also
+    holds the model's ``gradient_bytes`` (int, bytes of one gradient of its trainable variables) and
     ``variable_bytes`` (list of int, per trainable variable in model order). At the end, all ranks allgather their
     totals and rank 0 writes ``log_dir/summary.json`` (see :meth:`write_summary`).
 
@@ -128,7 +182,7 @@ class SyncMetrics(keras.callbacks.Callback):
                 log.warning("SyncMetrics: tensorboard is not installed, so no TensorBoard scalars are written "
                             "under %s (pip install tensorboard); rank*.jsonl and summary.json are", self.log_dir)
             else:
-                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "tensorboard"))
+                self._writer = ScalarWriter(os.path.join(self.log_dir, "tensorboard"))
         self._t0 = time.time()
         self._step, self._epoch, self._epoch_steps, self._epoch_samples = 0, 0, 0, 0
         self._totals = dict.fromkeys(self.TOTALS, 0.0)
@@ -191,10 +245,8 @@ class SyncMetrics(keras.callbacks.Callback):
         t["emulated_steps"] += 1.0 if rec.get("emulated_ms", 0.0) > 0 else 0.0
         t["overrun_steps"] += rec.get("overrun", 0.0)
         if self._writer is not None:
-            with self._writer.as_default(step=self._step):
-                for k in ("loss", "step_ms", "delay_ms", "sync_wait_ms"):
-                    if k in rec:
-                        tf.summary.scalar(k, rec[k])
+            keys = ("loss", "step_ms", "delay_ms", "sync_wait_ms")
+            self._writer.add(self._step, {k: rec[k] for k in keys if k in rec})
 
     def _count_samples(self, first, count):
         """This rank's cumulative samples after batches ``first .. first + count - 1`` of the epoch
@@ -214,7 +266,8 @@ class SyncMetrics(keras.callbacks.Callback):
         self._resume = None
         self._file.close()
         if self._writer is not None:
-            self._writer.flush()
+            self._writer.close()
+            self._writer = None
         t = self._totals
         t["wall_s"] = time.time() - self._t0
         t["step_ms_mean"] = t["step_ms_mean"] / max(1.0, t["steps"])

@@ -34,14 +34,24 @@ def test_no_device_part_keeps_todays_behaviour(tmp_path):
 def test_task_allocation_measures_the_emulated_device_time(tmp_path):
     """Task allocation's speed measurement sees the emulated step time as compute time: on 40 ms devices of
     speeds 1 and 0.5 the adaptive allocation (single-sample units, C = 2 x 32) settles near 2:1, and
-    each rank's emulated step costs MS x its samples / b (task allocation's micro-batches)."""
+    each rank's emulated step costs MS x its samples / b (task allocation's micro-batches). With
+    probe_rounds=4 the first reallocation comes after round 4 of the first epoch, not at its end."""
     out = tmp_path / "ta"
     launch(2, ["examples/keras_digits.py", "--protocol", "taskalloc", "--protocol-arg", "mode=adaptive",
+               "--protocol-arg", "probe_rounds=4",
                "--slowdown", "device:40+speeds:1,0.5", "--epochs", "5", "--batch-size", "32", "--quiet",
                "--out", str(out)], launcher="horovodrun-mpi", timeout=300)
     s = read_json(out / "summary.json")
     stats = s["stats"]
     assert stats["total"] == 64 and stats["micro_batch"] == 1
+    probe = stats["probe"]
+    assert probe["epoch"] == 0 and probe["rounds"] == 4 and probe["w"] == [32, 32]
+    assert 1.6 <= probe["next_w"][0] / probe["next_w"][1] <= 2.4, probe  # from the speeds of rounds 1-3
+    rounds = stats["rounds_per_epoch"]
+    for r in (0, 1):  # epoch 0: 32 samples per rank in rounds 0-3, then the probe's w (the last round: the rest)
+        first = [rec["samples"] for rec in read_jsonl(out / f"rank{r}.jsonl")[:rounds]]
+        assert first[:4] == [32.0] * 4 and first[4:rounds - 1] == [float(probe["next_w"][r])] * (rounds - 5), first
+    assert sum(stats["epochs"][0]["samples"]) == 1437 and s["weights_in_sync"]
     w = stats["final_w"]
     # ideal [42.7, 21.3]; per-step host work outside the padded time (the same few ms on both ranks) pulls the
     # measured ratio a little towards 1 on a loaded machine ([41, 23] seen): far from equal shares or 5:1

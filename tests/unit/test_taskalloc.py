@@ -260,8 +260,8 @@ def test_data_for_the_next_epoch_waits_for_its_plan_times_out_clearly_and_is_rel
     proto.begin_fit()
     proto.data_timeout_s = 0.2
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="data of epoch 1 was requested but its allocation was not set within "
-                                           "data_timeout_s=0.2 s"):
+    with pytest.raises(RuntimeError, match="data of round 0 of epoch 1 was requested but its allocation was not "
+                                           "set within data_timeout_s=0.2 s"):
         data[5]
     assert time.monotonic() - t0 >= 0.2
     # a request for epoch 1 waits until begin_epoch(1) plans it, then gets epoch 1's permutation
@@ -417,3 +417,92 @@ def test_fast_rounding_equals_the_one_unit_rule_including_ties():
         total = int(rng.integers(n * minimum, n * minimum + 150))
         np.testing.assert_array_equal(round_allocation(ideal, total, minimum),
                                       _one_unit_at_a_time(ideal, total, minimum), err_msg=f"{ideal} {total} {minimum}")
+
+
+def test_the_first_epochs_probe_reallocates_its_remaining_rounds_and_every_sample_stays_once(monkeypatch):
+    """probe_rounds K: rounds K.. of epoch 0 wait for the probe; the probe's eq. (10) on the speeds of rounds
+    1 .. K-1 (a fake clock: rank 3 half as fast) sets the rest of the epoch; every sample is served once."""
+    import threading
+
+    monkeypatch.setattr(hetsync.world, "size", lambda: 4)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
+    opt = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", total=32, probe_rounds=3)
+    proto = opt.hetsync_protocol
+    x = np.arange(1000, dtype=np.float32)[:, None]
+    data = proto.fit_data(x, np.zeros(1000), 40)["x"]  # 4 x 40 = 160 samples per round: micro-batch 5
+    assert proto.rounds == 7 and proto.counts[:3].tolist() == [[40] * 4] * 3
+    speeds = [400.0, 400.0, 400.0, 200.0]  # samples/s: eq. (10) gives 32 v / sum v = [9.14, 9.14, 9.14, 4.57]
+    calls = []
+
+    def fake_allgather_object(mine, name):
+        calls.append(name)
+        return [dict(mine, speed=speeds[i]) for i in range(4)]
+
+    monkeypatch.setattr(hetsync.transport, "allgather_object", fake_allgather_object)
+    clock = {"t": 0.0}
+    monkeypatch.setattr(ta.time, "perf_counter", lambda: clock["t"])
+    proto.on_train_begin(None, {})
+    proto.on_epoch_begin(0)
+    served = [data[t][0][:, 0].astype(int).tolist() for t in range(3)]
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(data[3][0][:, 0].astype(int).tolist()))
+    waiter.start()
+    for batch in range(3):
+        proto.on_train_batch_begin(batch)
+        clock["t"] += 0.1  # 40 samples in 0.1 s on rank 0: 400 samples/s
+        if batch < 2:
+            assert not got  # round 3 is not planned before the probe
+        proto.on_train_batch_end(batch, {})
+    waiter.join(10)
+    assert calls == ["hetsync_taskalloc_probe"] and got
+    probe = proto.summary_stats()["probe"]
+    assert probe["w"] == [8, 8, 8, 8] and probe["next_w"] == [9, 9, 9, 5] and probe["rounds"] == 3
+    assert probe["speed_samples_per_s"] == speeds and probe["gain"] == pytest.approx(1 - (5 / 200) / (8 / 200))
+    assert proto.weights.tolist() == [9, 9, 9, 5] and proto._stats["w"].numpy() == 9.0
+    # rounds 0-2 as served, rounds 3.. under the new w; the round sizes (and so Keras' step count) are unchanged
+    assert proto.counts[:3].tolist() == [[40] * 4] * 3 and proto.counts[3:6].tolist() == [[45, 45, 45, 25]] * 3
+    assert proto.counts.sum(axis=1).tolist() == [160] * 6 + [40] and proto.samples_per_epoch == proto.counts[:, 0].sum()
+    assert [proto.step_samples(b) for b in range(7)] == proto.counts[:, 0].tolist()
+    assert got[0] == proto.indices_of_round(3).tolist() and len(got[0]) == 45
+    ids = [i for r in range(7) for rank in range(4) for i in proto._indices[r][rank].tolist()]
+    assert sorted(ids) == list(range(1000))  # every sample of the epoch once, across the probe
+    assert served == [proto.indices_of_round(r).tolist() for r in range(3)]
+    # the probe runs once: a later epoch is planned whole, and the state carries the record
+    proto.on_epoch_begin(1)
+    assert proto._ready == {} and proto.counts[0].tolist() == [45, 45, 45, 25]
+    state = proto.state()
+    assert state["allocation"]["probe"] == probe
+    proto.on_train_end(None)
+
+
+def test_probe_rounds_is_refused_without_adaptive_and_skipped_when_the_epoch_is_too_short(monkeypatch):
+    with pytest.raises(ValueError, match=r"probe_rounds=4 .*mode=\"adaptive\".*got mode='static'"):
+        hetsync.TaskAllocation(keras.optimizers.SGD(0.1), probe_rounds=4)
+    with pytest.raises(ValueError, match="probe_rounds"):
+        hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", probe_rounds=1)
+    monkeypatch.setattr(hetsync.world, "size", lambda: 2)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", probe_rounds=6).hetsync_protocol
+    proto.fit_data(np.zeros((50, 2)), np.zeros(50), 4)  # 7 rounds: 6 probe rounds would leave one
+    assert proto.rounds == 7 and proto._ready == {}
+
+
+def test_the_speed_sample_is_the_time_up_to_the_gradients_when_the_step_op_timed_it(monkeypatch):
+    """m_i / (compute_ms + delay_ms) when the step's start is known; the host work after the gradients (here
+    30 ms of a 100 ms step, no time in the allreduce) is left out. Without it: m_i / (step - allreduce)."""
+    monkeypatch.setattr(hetsync.world, "size", lambda: 1)
+    monkeypatch.setattr(hetsync.world, "rank", lambda: 0)
+    proto = hetsync.TaskAllocation(keras.optimizers.SGD(0.1), mode="adaptive", weights=[4]).hetsync_protocol
+    proto.fit_data(np.zeros((200, 2)), np.zeros(200), 20)  # one rank: 4 micro-batches of 5 per round
+    clock = {"t": 0.0}
+    monkeypatch.setattr(ta.time, "perf_counter", lambda: clock["t"])
+    proto.on_train_begin(None, {})
+    proto.on_epoch_begin(0)
+    for batch, (compute_ms, delay_ms) in enumerate([(0.0, 0.0), (0.0, 0.0), (5.0, 65.0)]):
+        proto.on_train_batch_begin(batch)
+        proto._stats["compute_ms"].assign(compute_ms)
+        proto._stats["delay_ms"].assign(delay_ms)
+        clock["t"] += 0.1
+        proto.on_train_batch_end(batch, {})
+    assert proto._rates == [pytest.approx(20 / 0.1), pytest.approx(20 / 0.07)]  # batch 0 is not a sample
+    proto.on_train_end(None)

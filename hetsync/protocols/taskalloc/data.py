@@ -192,19 +192,62 @@ class AllocationDataPlan:
 
     def _plan(self, epoch, reset=False):
         """Plan ``epoch`` under the current weights: computed first, then published atomically under
-        ``_plan_cv`` (Keras' prefetching thread reads the plans while holding it)."""
-        if self._stream is not None:  # fit_dataset: every round w_i micro-batches; the plan is the counts
-            counts = np.tile(np.asarray(self.weights, np.int64) * int(self.micro_batch), (self._stream["rounds"], 1))
-            indices = counts
-        else:
-            counts = plan_rounds(self.n_samples, self.micro_batch, self.weights)
-            indices = epoch_indices(self.n_samples, counts, epoch, self.seed)
+        ``_plan_cv`` (Keras' prefetching thread reads the plans while holding it).
+
+        With ``probe_rounds`` K (the first epoch of the first fit): rounds 0 .. K-1 are published now and
+        the rest of the epoch only when :meth:`_plan_rest` has the probe's allocation (requests for those
+        rounds wait, as for an epoch not planned yet). A run resumed inside the probe's epoch, after the
+        probe, plans that epoch as it ran: its first K rounds under the allocation before the probe, the
+        rest under the current one.
+        """
+        counts = self._round_counts(self.weights)
+        limit = None
+        probe = self._probe
+        if probe is not None and probe["epoch"] == epoch and not self.history:  # resumed inside the probe's epoch
+            counts = self._split_counts(probe["w"], probe["rounds"])
+        elif self._probe_due(epoch, len(counts)):
+            limit = int(self.cfg.probe_rounds)
+        rounds = len(counts)
+        indices = counts if self._stream is not None else epoch_indices(self.n_samples, counts, epoch, self.seed)
         mine = int(counts[:, world.rank()].sum())
         with self._plan_cv:
-            self.counts, self.rounds, self.epoch, self._indices = counts, len(counts), epoch, indices
+            self.counts, self.rounds, self.epoch, self._indices = counts, rounds, epoch, indices
             self.samples_per_epoch = mine
             self._plans = {} if reset else {e: p for e, p in self._plans.items() if e >= epoch - 1}
             self._plans[epoch] = indices
+            self._ready = {epoch: limit} if limit is not None else {}
+            self._plan_cv.notify_all()
+
+    def _round_counts(self, weights):
+        """int64 [R, n]: samples of each rank in each round of an epoch under ``weights``."""
+        if self._stream is not None:  # fit_dataset: every round w_i micro-batches; the plan is the counts
+            return np.tile(np.asarray(weights, np.int64) * int(self.micro_batch), (self._stream["rounds"], 1))
+        return plan_rounds(self.n_samples, self.micro_batch, weights)
+
+    def _split_counts(self, head_weights, k):
+        """int64 [R, n]: the first ``k`` rounds under ``head_weights``, the others under the current
+        weights; R and every round's size are those of an epoch under one allocation (the allocations
+        share C, and the first k rounds are full)."""
+        head = self._round_counts(head_weights)[:k]
+        if self._stream is not None:
+            tail = self._round_counts(self.weights)[k:]
+        else:
+            tail = plan_rounds(self.n_samples - int(head.sum()), self.micro_batch, self.weights)
+        counts = np.concatenate([head, tail]).astype(np.int64)
+        assert counts.sum(axis=1).tolist() == self._round_counts(self.weights).sum(axis=1).tolist(), counts
+        return counts
+
+    def _plan_rest(self, epoch, head_weights):
+        """Publish the rest of ``epoch`` after the probe: its first ``probe_rounds`` rounds stay as they
+        were served (``head_weights``), the others follow the current weights; waiting requests go on."""
+        k = int(self.cfg.probe_rounds)
+        counts = self._split_counts(head_weights, k)
+        indices = counts if self._stream is not None else epoch_indices(self.n_samples, counts, epoch, self.seed)
+        mine = int(counts[:, world.rank()].sum())
+        with self._plan_cv:
+            self.counts, self._indices, self.samples_per_epoch = counts, indices, mine
+            self._plans[epoch] = indices
+            self._ready = {}
             self._plan_cv.notify_all()
 
     def step_samples(self, batch):
@@ -237,7 +280,8 @@ class AllocationDataPlan:
         """Sample indices (int64 array) of this rank in round ``r`` of ``epoch``, waiting for its plan.
 
         Called from Keras' prefetching thread. A request for an epoch not planned yet waits until
-        :meth:`begin_epoch` plans it, at most :attr:`data_timeout_s` seconds.
+        :meth:`begin_epoch` plans it, and one for a round after the first epoch's probe rounds until the
+        probe's allocation is set (``probe_rounds``), at most :attr:`data_timeout_s` seconds.
 
         Returns:
             int64 array, or None once training has ended (a request from a finished pipeline).
@@ -245,15 +289,18 @@ class AllocationDataPlan:
         Raises:
             RuntimeError: the epoch's plan did not come within ``data_timeout_s`` seconds.
         """
+        def planned():
+            return epoch in self._plans and r < (self._ready.get(epoch) or r + 1)
+
         with self._plan_cv:
-            self._plan_cv.wait_for(lambda: epoch in self._plans or self._closed, self.data_timeout_s)
-            if epoch in self._plans:
+            self._plan_cv.wait_for(lambda: planned() or self._closed, self.data_timeout_s)
+            if planned():
                 return self._plans[epoch][r][world.rank()]
             if self._closed:
                 return None
-        raise RuntimeError(f"TaskAllocation: rank {world.rank()}: the data of epoch {epoch} was requested but its "
-                           f"allocation was not set within data_timeout_s={self.data_timeout_s:g} s (the previous "
-                           "epoch's exchange did not finish)")
+        raise RuntimeError(f"TaskAllocation: rank {world.rank()}: the data of round {r} of epoch {epoch} was requested "
+                           f"but its allocation was not set within data_timeout_s={self.data_timeout_s:g} s (the "
+                           "exchange of the previous epoch, or of the first epoch's probe rounds, did not finish)")
 
     def step_indices(self, t):
         """Sample indices (int64 array) of this rank at global step ``t`` (int >= 0): round t mod R of

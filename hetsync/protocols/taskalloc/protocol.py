@@ -94,12 +94,21 @@ class TaskAllocationConfig(ProtocolConfig):
         None, "None (default: BSP's global batch, micro-batches of n b / C samples, see above) or int >= 1, samples "
               "per micro-batch (global batch C x micro_batch samples).", ge=1, unit="samples per micro-batch",
         none="BSP's global batch, n x batch_size samples per round")
+    probe_rounds: typing.Optional[int] = param(
+        None, "None (default: the paper's Algorithm 1, the first reallocation at the end of the first epoch) or int "
+              "K >= 2 (``adaptive`` only): the first reallocation after the first K rounds of the first epoch, from "
+              "the speeds of its rounds 1 .. K-1 (round 0 traces the graph); the rest of that epoch runs under the "
+              "new w, and the per-epoch rule goes on from its end.", ge=2, unit="rounds of the first epoch",
+        none="the first reallocation at the end of the first epoch")
 
     def validate(self):
-        """``total`` and ``weights`` must agree when both are given."""
+        """``total`` and ``weights`` must agree when both are given; ``probe_rounds`` needs ``adaptive``."""
         if self.weights is not None and self.total is not None and sum(self.weights) != self.total:
             raise ValueError(f"TaskAllocation: total C={self.total} but the weights {list(self.weights)} sum to "
                              f"{sum(self.weights)}; give one of them, or make them agree")
+        if self.probe_rounds is not None and self.mode != "adaptive":
+            raise ValueError(f"TaskAllocation: probe_rounds={self.probe_rounds} reallocates early in the first "
+                             f"epoch, which only mode=\"adaptive\" does (got mode={self.mode!r}); leave it None")
 
 
 class TaskAllocationProtocol(AllocationDataPlan, Protocol):
@@ -139,6 +148,10 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         self._plans = {}  # epoch -> per-round, per-rank index arrays (the current and the next epoch)
         self._plan_cv = threading.Condition()
         self._closed = False  # set when a fit ends: requests for unplanned epochs get None
+        self._ready = {}  # epoch -> first round not published yet (the first epoch's probe rounds)
+        #: the first epoch's probe (``probe_rounds``): None before it ran, else its record (see :meth:`summary_stats`)
+        self._probe = None
+        self._probe_off = False  # a run resumed before its probe: the per-epoch rule only
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self):
@@ -188,8 +201,9 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         One :func:`hetsync.transport.allgather_object` of a dict per rank (every rank calls it once
         per epoch). ``speed`` v_i
         is rank i's samples per second of compute: the median, over every step since the
-        allocation last changed (the first step of each epoch excluded), of m_i / (step time - time
-        inside the allreduce). The median is robust to a step that lost its core to another
+        allocation last changed (the first step of each epoch excluded), of m_i / t_s, t_s the
+        step's time up to its gradients (:meth:`_gradient_time_s`; without it, the step time minus
+        the time inside the allreduce). The median is robust to a step that lost its core to another
         process, and pooling the epochs of one allocation gives it more than one epoch of steps.
         Eq. (10) is applied with t_s^i = w_i mb / v_i (mb = :attr:`micro_batch` samples), the
         compute time of one full round, i.e. w_i <- C v_i / sum_j v_j, and adopted if
@@ -291,19 +305,75 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         self._tb = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs):
-        """Record the step's speed sample m_i / (step time - time inside the allreduce)."""
+        """Record the step's speed sample m_i / t_s: t_s the time up to the gradients where the step's
+        delay op timed it (:meth:`_gradient_time_s`), else the step time minus the time inside the
+        allreduce; at the end of the first epoch's probe rounds, run the probe."""
         dt = time.perf_counter() - self._tb
         wait = (float(self._stats["sync_wait_total_ms"].numpy()) - self._wait_b) / 1e3
         self._busy += dt
         # the first step of every epoch (graph tracing, data pipeline start, waiting for rank 0's
         # evaluation of the previous epoch) is not used as a speed sample
         if batch > 0 or self.rounds == 1:
-            if dt - wait > 0:
-                self._rates.append(self._m / (dt - wait))
+            grad_s = self._gradient_time_s()
+            t_s = grad_s if grad_s > 0 else dt - wait
+            if t_s > 0:
+                self._rates.append(self._m / t_s)
             self._steady_samples += self._m
             self._steady_compute += max(dt - wait, 0.0)
         else:
             self._steady_t0 = time.perf_counter()
+        if self._ready.get(self.epoch) == batch + 1:  # the first epoch's probe rounds are done
+            self._run_probe(self.epoch)
+
+    def _gradient_time_s(self):
+        """Seconds from the step's start to its gradients (the paper's t_s of one round), as the step's
+        delay op timed them: ``compute_ms + delay_ms``; 0.0 when the step's start is unknown (no
+        :class:`hetsync.callbacks.Slowdown` in the run), and the caller falls back to the step time
+        minus the time inside the allreduce."""
+        compute = float(self._stats["compute_ms"].numpy())
+        return (compute + float(self._stats["delay_ms"].numpy())) / 1e3 if compute > 0 else 0.0
+
+    def _probe_due(self, epoch, rounds):
+        """True if ``epoch`` (of ``rounds`` rounds) is the first epoch of the first fit and ``probe_rounds``
+        K leaves at least two of its rounds to the probe's allocation."""
+        k = self.cfg.probe_rounds
+        if k is None or self._probe_off or self._probe is not None or self.history or epoch != 0:
+            return False
+        if k > rounds - 2:
+            if world.rank() == 0:
+                log.info("taskalloc: probe_rounds=%d leaves fewer than 2 of the first epoch's %d rounds to a new "
+                         "allocation; the first reallocation is at the epoch's end", k, rounds)
+            return False
+        return True
+
+    def _run_probe(self, epoch):
+        """The first epoch's probe: exchange the speeds of its rounds 1 .. K-1, apply eq. (10) and the
+        ``threshold`` rule, and publish the rest of the epoch under the result (always, also when the
+        exchange fails, so that no data request is left waiting)."""
+        before = np.asarray(self.weights, np.int64).copy()
+        rec = {"epoch": int(epoch), "rounds": int(self.cfg.probe_rounds), "w": [int(v) for v in before],
+               "speed_samples_per_s": None, "change": None, "gain": None, "next_w": [int(v) for v in before]}
+        try:
+            rate = float(np.median(self._rates)) if self._rates else 0.0
+            table = transport.allgather_object({"speed": rate}, name="hetsync_taskalloc_probe")
+            rates = np.asarray([t["speed"] for t in table], np.float64)
+            rec["speed_samples_per_s"] = [float(v) for v in rates]
+            if np.all(rates > 0):
+                new = adapt_allocation(before, before * self.micro_batch / rates, self.total)
+                rec["change"], rec["gain"] = allocation_change(before, new), predicted_gain(before, new, rates)
+                if rec["gain"] > self.cfg.threshold:
+                    self.weights = np.asarray(new, np.int64)
+                    rec["next_w"] = [int(v) for v in self.weights]
+        finally:
+            self._probe = rec
+            self._plan_rest(epoch, before)
+        if rec["next_w"] != rec["w"]:
+            self._stats["w"].assign(float(self.weights[world.rank()]))
+            self._rates, self._rates_w = [], tuple(int(v) for v in self.weights)
+        if world.rank() == 0:
+            log.info("taskalloc probe after %d rounds of epoch %d: speeds %s samples/s, gain %s -> w=%s",
+                     rec["rounds"], epoch, [round(v, 1) for v in rec["speed_samples_per_s"] or []],
+                     "-" if rec["gain"] is None else f"{rec['gain']:.3f}", rec["next_w"])
 
     def on_epoch_end(self, epoch, logs):
         """:meth:`end_epoch` with the epoch's compute, waiting, wall time, speed v_i and steady figures."""
@@ -320,13 +390,15 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         """End-of-run statistics (JSON-serialisable dict): ``syncs``, ``mode``, ``total`` (C,
         micro-batches per round), ``micro_batch`` (samples per micro-batch in use), ``batch_size``
         (the run's per-rank b, samples), ``global_batch`` (C x micro_batch, samples per full round),
-        ``rounds_per_epoch``, ``final_w``, ``stable``, ``stable_epoch`` and ``epochs`` (one record per
-        epoch, see :meth:`end_epoch`)."""
+        ``rounds_per_epoch``, ``final_w``, ``stable``, ``stable_epoch``, ``epochs`` (one record per
+        epoch, see :meth:`end_epoch`) and ``probe`` (None, or the first epoch's probe with
+        ``probe_rounds``: ``epoch``, ``rounds``, ``w`` before it, ``speed_samples_per_s``, ``change``,
+        ``gain``, ``next_w``)."""
         out = super().summary_stats()
         out.update({"mode": self.cfg.mode, "total": self.total, "micro_batch": self.micro_batch,
                     "batch_size": self.batch_size, "global_batch": self.global_batch,
                     "rounds_per_epoch": self.rounds, "final_w": [int(v) for v in self.weights],
-                    "stable": self.stable, "epochs": self.history})
+                    "stable": self.stable, "epochs": self.history, "probe": self._probe})
         stable_at = [h["epoch"] for h in self.history if h["stable"]]
         out["stable_epoch"] = stable_at[0] if stable_at else None
         return out
@@ -366,7 +438,7 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
             "weights": None if self.weights is None else [int(w) for w in self.weights], "total": self.total,
             "history": json.loads(json.dumps(self.history, default=float)), "stable": bool(self.stable),
             "pending": None if self._pending is None else [int(w) for w in self._pending],
-            "stable_count": int(self._stable_count)}
+            "stable_count": int(self._stable_count), "probe": self._probe}
         return out
 
     def load_state(self, state):
@@ -378,6 +450,9 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
             self.total, self.history, self.stable = a["total"], list(a["history"]), bool(a["stable"])
             self._pending = None if a["pending"] is None else np.asarray(a["pending"], np.int64)
             self._stable_count = int(a["stable_count"])
+            self._probe = a.get("probe")
+            # resumed inside the first epoch before its probe: that epoch keeps one allocation
+            self._probe_off = self._probe is None and not self.history
 
 TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 optimizer for task-allocated allreduce training (static or self-adaptive).
 
@@ -416,7 +491,9 @@ TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 opti
     epoch (w, t_s, waiting time, heterogeneity efficiency, see :func:`heterogeneity_efficiency`)
     are exchanged by one allgather per epoch in both modes, logged on rank 0 and reported in
     ``summary_stats()["epochs"]`` (``summary.json`` ``stats`` through SyncMetrics, with
-    ``micro_batch`` and ``global_batch``).
+    ``micro_batch`` and ``global_batch``). ``probe_rounds`` K (an addition to the paper) moves the
+    first reallocation to the end of round K-1 of the first epoch: the rest of that epoch runs
+    under the allocation from the speeds of its rounds 1 .. K-1 (``summary_stats()["probe"]``).
 
     Train with ``model.fit(**opt.hetsync_protocol.fit_data(x, y, b), callbacks=
     hetsync.callbacks.standard(opt))`` (its hooks run through ``ProtocolHooks``, part of ``standard``).
@@ -431,8 +508,8 @@ TaskAllocation = protocol_wrapper(TaskAllocationProtocol, """Wrap a Keras 3 opti
     Raises:
         ValueError: unknown mode; weights that are not positive integers, or not one per rank;
             total smaller than the world size or different from sum(weights); bad threshold,
-            patience or micro_batch (not None and not an integer >= 1; the message names the
-            value) (all before training starts).
+            patience, micro_batch or probe_rounds (not None and not an integer >= 1, resp. >= 2; the
+            message names the value); probe_rounds without mode="adaptive" (all before training starts).
         TypeError: ``optimizer`` is not a Keras 3 optimizer instance, or an unknown argument.
         RuntimeError: :func:`hetsync.init` was not called.
     """)
