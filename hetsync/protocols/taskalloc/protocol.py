@@ -152,6 +152,7 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         #: the first epoch's probe (``probe_rounds``): None before it ran, else its record (see :meth:`summary_stats`)
         self._probe = None
         self._probe_off = False  # a run resumed before its probe: the per-epoch rule only
+        self._probe_skip_logged = False
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self):
@@ -340,7 +341,8 @@ class TaskAllocationProtocol(AllocationDataPlan, Protocol):
         if k is None or self._probe_off or self._probe is not None or self.history or epoch != 0:
             return False
         if k > rounds - 2:
-            if world.rank() == 0:
+            if world.rank() == 0 and not self._probe_skip_logged:
+                self._probe_skip_logged = True
                 log.info("taskalloc: probe_rounds=%d leaves fewer than 2 of the first epoch's %d rounds to a new "
                          "allocation; the first reallocation is at the epoch's end", k, rounds)
             return False
