@@ -34,29 +34,44 @@ class ScalarWriter:
     ``tf.summary.scalar`` costs about a quarter of a millisecond per value on a shared core; four per step on
     rank 0 made rank 0 the last to reach every collective (1-2 ms per step on the emulated cluster). The
     training thread only queues ``(step, {name: value})``; the thread writes them while the step's device work
-    (or its emulated time) leaves the CPU idle.
+    (or its emulated time) leaves the CPU idle. The thread ends after ``idle_s`` seconds without scalars (a fit
+    that raised never calls :meth:`close`) and the next :meth:`add` starts a new one.
 
     Args:
         logdir: str, the TensorBoard folder (created by ``tf.summary.create_file_writer``).
         close_timeout_s: float seconds :meth:`close` waits for the queued scalars to be written.
+        idle_s: float seconds without a queued scalar after which the thread ends.
     """
 
-    def __init__(self, logdir, close_timeout_s=60.0):
+    def __init__(self, logdir, close_timeout_s=60.0, idle_s=30.0):
         self._writer = tf.summary.create_file_writer(logdir)
         self._queue = queue.SimpleQueue()
-        self._close_timeout_s = float(close_timeout_s)
-        self._thread = threading.Thread(target=self._run, name="hetsync-tensorboard", daemon=True)
-        self._thread.start()
+        self._close_timeout_s, self._idle_s = float(close_timeout_s), float(idle_s)
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def _put(self, item):
+        """Queue ``item`` and make sure a thread will take it (under the lock the thread exits under)."""
+        with self._lock:
+            self._queue.put_nowait(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hetsync-tensorboard", daemon=True)
+                self._thread.start()
+            return self._thread
 
     def add(self, step, values):
         """Queue the scalars ``values`` (dict str -> float) of ``step`` (int); returns at once."""
-        self._queue.put_nowait((int(step), dict(values)))
+        self._put((int(step), dict(values)))
 
     def _run(self):
         while True:
             try:
-                item = self._queue.get(timeout=1.0)
+                item = self._queue.get(timeout=self._idle_s)
             except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():  # idle: end; the next add starts a thread again
+                        self._thread = None
+                        return
                 continue
             if item is None:
                 break
@@ -68,13 +83,15 @@ class ScalarWriter:
             except Exception:  # noqa: BLE001 (logging must never stop training)
                 log.exception("SyncMetrics: writing TensorBoard scalars of step %d failed", step)
         self._writer.flush()
+        with self._lock:
+            self._thread = None
 
     def close(self):
         """Write what is queued, flush, and end the thread (at most ``close_timeout_s`` seconds; a warning names a
         thread that did not finish: the scalars it had not written are lost, the JSON records are not)."""
-        self._queue.put_nowait(None)
-        self._thread.join(self._close_timeout_s)
-        if self._thread.is_alive():
+        thread = self._put(None)
+        thread.join(self._close_timeout_s)
+        if thread.is_alive():
             log.warning("SyncMetrics: the TensorBoard writer did not finish within %.0f s; scalars still queued were "
                         "not written (rank*.jsonl holds every step)", self._close_timeout_s)
 
