@@ -207,13 +207,18 @@ class AllocationDataPlan:
             counts = self._split_counts(probe["w"], probe["rounds"])
         elif self._probe_due(epoch, len(counts)):
             limit = int(self.cfg.probe_rounds)
-        rounds = len(counts)
+        self._publish(epoch, counts, limit, keep=None if reset else epoch - 1)
+
+    def _publish(self, epoch, counts, limit=None, keep=-1):
+        """Make ``counts`` (int64 [R, n]) the plan of ``epoch`` under ``_plan_cv`` and wake waiting requests:
+        rounds from ``limit`` on stay unpublished (None: all published); the plans of epochs from ``keep`` on
+        are kept (None: none)."""
         indices = counts if self._stream is not None else epoch_indices(self.n_samples, counts, epoch, self.seed)
         mine = int(counts[:, world.rank()].sum())
         with self._plan_cv:
-            self.counts, self.rounds, self.epoch, self._indices = counts, rounds, epoch, indices
+            self.counts, self.rounds, self.epoch, self._indices = counts, len(counts), epoch, indices
             self.samples_per_epoch = mine
-            self._plans = {} if reset else {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans = {} if keep is None else {e: p for e, p in self._plans.items() if e >= keep}
             self._plans[epoch] = indices
             self._ready = {epoch: limit} if limit is not None else {}
             self._plan_cv.notify_all()
@@ -240,15 +245,7 @@ class AllocationDataPlan:
     def _plan_rest(self, epoch, head_weights):
         """Publish the rest of ``epoch`` after the probe: its first ``probe_rounds`` rounds stay as they
         were served (``head_weights``), the others follow the current weights; waiting requests go on."""
-        k = int(self.cfg.probe_rounds)
-        counts = self._split_counts(head_weights, k)
-        indices = counts if self._stream is not None else epoch_indices(self.n_samples, counts, epoch, self.seed)
-        mine = int(counts[:, world.rank()].sum())
-        with self._plan_cv:
-            self.counts, self._indices, self.samples_per_epoch = counts, indices, mine
-            self._plans[epoch] = indices
-            self._ready = {}
-            self._plan_cv.notify_all()
+        self._publish(epoch, self._split_counts(head_weights, int(self.cfg.probe_rounds)), keep=epoch)
 
     def step_samples(self, batch):
         """Samples this rank trains on in step ``batch`` of the current epoch: its share of round
