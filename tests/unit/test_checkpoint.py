@@ -122,6 +122,19 @@ def test_a_foreign_checkpoint_is_refused(tmp_path):
         _fit(hetsync.BSP, backup)
 
 
+def test_step_stats_reads_every_statistic_after_each_change():
+    """The one compiled read of all statistics returns each variable's current value, and a statistic added
+    later (a new name) appears in the next read."""
+    p = hetsync.LocalSGD(keras.optimizers.SGD(0.1), period=3).hetsync_protocol
+    p._stats["syncs"].assign(5.0)
+    first = p.step_stats()
+    assert first == {k: float(v.numpy()) for k, v in p._stats.items()} and first["syncs"] == 5.0
+    p._stats["syncs"].assign_add(2.0)
+    p.add_stat("extra_probe", initial=0.25)
+    second = p.step_stats()
+    assert second["syncs"] == 7.0 and second["extra_probe"] == 0.25 and set(second) == set(p._stats)
+
+
 def test_protocol_state_round_trip_and_bad_state():
     opt = hetsync.LocalSGD(keras.optimizers.SGD(0.1), period=3)
     p = opt.hetsync_protocol
