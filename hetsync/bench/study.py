@@ -18,11 +18,14 @@ chosen rate against BSP at BSP's, so no figure is tuned on the seeds it reports.
 
 Every run keeps its folder ``OUT/np{n}-{model}/lr{lr}/{setting}/seed{seed}``; a rerun with the same ``--out``
 skips the runs whose ``summary.json`` exists (resumable), ``--resume-doc JSON`` also takes the runs an earlier study
-document records (:func:`recorded_rows`; the document's command is kept, chained with this one) and
+document records (:func:`recorded_rows`; the document's command is kept, chained with every command logged in
+``OUT/commands.json``, :func:`command_chain`) and
 ``--time-cap-min`` stops starting new runs after that
 many minutes. Epochs are given for 4 ranks and scaled by n / 4 (:func:`epochs_for`). ``--dilation NP=D`` runs world
 size NP at time dilation D (default ``8=3``: 8 ranks on a 2-core machine overrun their device time undilated). Rows
-whose run overran 1% or more of its steps are marked: they are not evidence. ``--update-docs`` writes
+whose run overran 1% or more of its steps are marked: they are not evidence. ``--twins`` also runs BSP on the
+scenario's homogeneous twin (:data:`TWIN`), and each table entry gains the heterogeneity tax: its time to target over
+the twin's at BSP's rate and the same seed. ``--update-docs`` writes
 ``docs/bench/study.json`` and the table into the benchmarks page.
 """
 import argparse
@@ -32,11 +35,11 @@ import statistics
 import sys
 import time
 
-from hetsync.bench import docpages, launch
+from hetsync.bench import docpages, launch, progress
 from hetsync.world import DILATION_ENV
 
 __all__ = ["SETTINGS", "DIAGNOSTIC", "SERVER_PROTOCOLS", "run_dir", "run_one", "rows_from", "recorded_rows", "table",
-           "select", "epochs_for", "main", "BEGIN", "END"]
+           "select", "epochs_for", "command_chain", "scenario_of", "TWIN", "main", "BEGIN", "END"]
 
 #: study settings: name -> (protocol, its ``KEY=VALUE`` arguments, what it tests).
 SETTINGS = {
@@ -64,11 +67,17 @@ SETTINGS = {
     "localsgd": ("localsgd", (), "local SGD"),
     "fedavg": ("fedavg", (), "FedAvg"),
     "selsync": ("selsync", (), "SelSync"),
+    "bsp-twin": ("bsp", (), "BSP on the scenario's homogeneous twin, every rank at the mean step (the heterogeneity "
+                 "tax's reference; ``--twins``)"),
 }
-#: settings that isolate one cause (left out of the default ``--settings``: name them to run them).
-DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard", "rna-samples-stalelr")
+#: the setting that runs BSP on the homogeneous twin (:func:`hetsync.bench.progress.homogeneous_twin`).
+TWIN = "bsp-twin"
+#: settings that isolate one cause, and the twin (left out of the default ``--settings``: name them to run them).
+DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard", "rna-samples-stalelr", TWIN)
 #: protocols whose launch has one more rank, the parameter server (their default ``servers=1``).
 SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
+#: samples per step of every run (the twin's device time is the mean step of this batch).
+BATCH = 32
 #: evaluation every that many steps of rank 0 (dense near the target: the grid must not set the figure).
 EVAL_EVERY = 8
 BEGIN = "<!-- BEGIN generated: statistical efficiency study -->"
@@ -100,7 +109,7 @@ def run_one(folder, n, model, lr, setting, seed, spec, epochs, target, digits=Fa
     protocol, args, _ = SETTINGS[setting]
     os.makedirs(folder, exist_ok=True)
     argv = launch.job_argv(protocol, folder, args, extra=launch.dataset_args(digits=digits), epochs=epochs,
-                           slowdown=spec, seed=seed, batch_size=32, lr=lr, model=model, target_accuracy=target,
+                           slowdown=spec, seed=seed, batch_size=BATCH, lr=lr, model=model, target_accuracy=target,
                            eval_every=EVAL_EVERY)
     env = {DILATION_ENV: f"{dilation:g}"} if dilation != 1.0 else {}
     ranks = n + 1 if protocol in SERVER_PROTOCOLS else n
@@ -168,16 +177,58 @@ def recorded_rows(path, scenario, target):
     return {"rows": rows, "command": doc.get("command")}
 
 
+COMMANDS_FILE = "commands.json"
+
+
+def command_chain(earlier, out, this):
+    """The commands that measured a study's runs, in order, as one string joined by ``"; then "``.
+
+    Every invocation logs its command line in ``OUT/commands.json`` before its first run, so the runs of an
+    invocation without ``--update-docs`` are attributed when a later one writes the document.
+
+    Args:
+        earlier: str or None, the chain of the ``--resume-doc`` document. out: str, the run folder (created).
+        this: str, this invocation's command line.
+
+    Returns:
+        str: ``earlier``'s commands, then each logged command not already in them (the log's order), ``this`` last
+        among the logged ones.
+
+    Raises:
+        OSError: the log cannot be written.
+    """
+    path = os.path.join(out, COMMANDS_FILE)
+    try:
+        with open(path) as f:
+            logged = [c for c in json.load(f) if isinstance(c, str)]
+    except (OSError, ValueError, TypeError):
+        logged = []
+    if this not in logged:
+        logged.append(this)
+    os.makedirs(out, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(logged, f, indent=1)
+    chain = earlier.split("; then ") if earlier else []
+    chain += [c for c in logged if c not in chain]
+    return "; then ".join(chain)
+
+
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
-def _stats(pairs):
-    """Medians over (run, BSP run) pairs of the same seed: the fields :func:`table` documents."""
+def _stats(pairs, twins=None):
+    """Medians over (run, BSP run) pairs of the same seed: the fields :func:`table` documents; with ``twins``
+    (seed -> the twin's row at BSP's rate) also the heterogeneity taxes."""
     def ratio(a, b):
         return a / b if a and b else None
+    twins = twins or {}
     return {
+        "tax": _median(ratio(r["time_to_target_s"], twins[r["seed"]]["time_to_target_s"]) for r, _ in pairs
+                       if r["seed"] in twins),
+        "bsp_tax": _median(ratio(b["time_to_target_s"], twins[b["seed"]]["time_to_target_s"]) for _, b in pairs
+                           if b["seed"] in twins),
         "seeds": len(pairs),
         "se": _median(ratio(b["samples_to_target"], r["samples_to_target"]) for r, b in pairs),
         "samples_ratio": _median(ratio(r["samples_to_target"], b["samples_to_target"]) for r, b in pairs),
@@ -204,7 +255,9 @@ def table(rows, exclude_seeds=()):
 
     Returns:
         list of dicts: ``np``, ``model``, ``lr``, ``setting``, ``seeds`` (int), ``se`` (S_BSP / S; None when
-        either missed the target), ``time_ratio`` (BSP's time to target over the setting's: > 1 is sooner),
+        either missed the target), ``tax`` and ``bsp_tax`` (the heterogeneity tax of the setting and of BSP: time to
+        target over that of BSP on the homogeneous twin at the same rate and seed, :data:`TWIN`; None without
+        twin runs), ``time_ratio`` (BSP's time to target over the setting's: > 1 is sooner),
         ``steady_ratio`` (steady samples/s over BSP's), ``samples_ratio`` (S / S_BSP), ``accuracy_delta``
         (final accuracy minus BSP's, points), ``reached`` ("k/m" seeds that reached the target),
         ``overrun_max`` (float fraction; 0.01 or more: not evidence).
@@ -215,13 +268,19 @@ def table(rows, exclude_seeds=()):
     groups = {}
     for r in rows:
         key = (r["np"], r["model"], r["lr"], r["seed"])
-        if r["setting"] != "bsp" and key in bsp:
+        if r["setting"] not in ("bsp", TWIN) and key in bsp:
             groups.setdefault((r["np"], r["model"], r["lr"], r["setting"]), []).append((r, bsp[key]))
     out = []
     for (n, model, lr, setting), pairs in sorted(groups.items(),
                                                  key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], _order(kv[0][3]))):
-        out.append({"np": n, "model": model, "lr": lr, "setting": setting, **_stats(pairs)})
+        out.append({"np": n, "model": model, "lr": lr, "setting": setting,
+                    **_stats(pairs, _twins(rows, n, model, lr))})
     return out
+
+
+def _twins(rows, n, model, lr):
+    """seed -> the :data:`TWIN` row of world size ``n``, ``model`` and rate ``lr`` (dict)."""
+    return {r["seed"]: r for r in rows if r["setting"] == TWIN and (r["np"], r["model"], r["lr"]) == (n, model, lr)}
 
 
 def select(rows, select_seeds):
@@ -240,7 +299,7 @@ def select(rows, select_seeds):
         dict: ``select_seeds`` (sorted list of int), ``chosen`` (list of dicts ``np``, ``model``, ``setting``,
         ``lr``, ``time_to_target_s`` (the winning median, seconds; None when every rate missed)), and ``tuned``
         (list of :func:`table` entries, each with ``lr`` the setting's chosen rate and ``bsp_lr`` BSP's, over the
-        seeds not in ``select_seeds`` that have both runs).
+        seeds not in ``select_seeds`` that have both runs; the taxes against the twin at BSP's chosen rate).
 
     Raises:
         ValueError: ``select_seeds`` is empty.
@@ -271,15 +330,27 @@ def select(rows, select_seeds):
     tuned = []
     for c in chosen:
         bsp = best.get((c["np"], c["model"], "bsp"))
-        if c["setting"] == "bsp" or bsp is None:
+        if c["setting"] in ("bsp", TWIN) or bsp is None:
             continue
         mine, ref = (c["np"], c["model"], c["setting"], c["lr"]), (c["np"], c["model"], "bsp", bsp[2])
         pairs = [(report[mine + (seed,)], report[ref + (seed,)]) for seed in report_seeds
                  if mine + (seed,) in report and ref + (seed,) in report]
         if pairs:
+            twins = {seed: r for (n, model, setting, lr, seed), r in report.items()
+                     if (n, model, setting, lr) == (c["np"], c["model"], TWIN, bsp[2])}
             tuned.append({"np": c["np"], "model": c["model"], "lr": c["lr"], "bsp_lr": bsp[2],
-                          "setting": c["setting"], **_stats(pairs)})
+                          "setting": c["setting"], **_stats(pairs, twins)})
     return {"select_seeds": chosen_seeds, "chosen": chosen, "tuned": tuned}
+
+
+def scenario_of(setting, scenario, n):
+    """The slowdown spec (str) a run of ``setting`` at ``n`` ranks uses: ``scenario``, or for :data:`TWIN` its
+    homogeneous twin (:func:`hetsync.bench.progress.homogeneous_twin` at the study's :data:`BATCH`).
+
+    Raises:
+        ValueError: the twin of a scenario without ``device:MS`` (no expected speeds).
+    """
+    return progress.homogeneous_twin(scenario, n, BATCH) if setting == TWIN else scenario
 
 
 def epochs_for(epochs, model, n):
@@ -297,9 +368,10 @@ def _mark(t):
 
 
 def _ratios(t):
-    """A table row's cells from ``seeds`` to ``reached`` (str, ending with the row's closing bar)."""
+    """A table row's cells from ``seeds`` to the taxes (str, ending with the row's closing bar)."""
+    tax = "-" if t.get("tax") is None else f"{t['tax']:.2f} ({_fmt(t.get('bsp_tax'), '.2f')})"
     return (f"{t['seeds']} | {_fmt(t['se'], '.2f')} | {_fmt(t['time_ratio'], '.2f')}x | "
-            f"{_fmt(t['steady_ratio'], '.2f')}x | {_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} |")
+            f"{_fmt(t['steady_ratio'], '.2f')}x | {_fmt(t['accuracy_delta'], '+.1f')} pt | {t['reached']} | {tax} |")
 
 
 def markdown(summary, meta, selection=None):
@@ -312,8 +384,8 @@ def markdown(summary, meta, selection=None):
     lines = [f"Measured {meta['date_utc']} with `{meta['command']}` ({meta['scenario']}, {meta['dataset']}, target "
              f"{meta['target']:g}; medians over seeds{seeds_note}; `!` marks a run with 1% or more overrun steps).", "",
              "| ranks | model | lr | setting | seeds | SE (S_BSP / S) | time to target vs BSP "
-             "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| steady samples/s vs BSP | final accuracy vs BSP | reached | heterogeneity tax (BSP's) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in summary:
         lines.append(f"| {t['np']} | {t['model']} | {t['lr']:g} | {t['setting']}{_mark(t)} | {_ratios(t)}")
     if selection:
@@ -322,8 +394,8 @@ def markdown(summary, meta, selection=None):
                   "smallest median time to target of the rates run there); every setting at its rate against BSP at "
                   "BSP's, on the other seeds.", "",
                   "| ranks | model | setting | lr | BSP's lr | seeds | SE (S_BSP / S) | time to target vs BSP "
-                  "| steady samples/s vs BSP | final accuracy vs BSP | reached |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| steady samples/s vs BSP | final accuracy vs BSP | reached | heterogeneity tax (BSP's) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for t in selection["tuned"]:
             lines.append(f"| {t['np']} | {t['model']} | {t['setting']}{_mark(t)} | {t['lr']:g} | {t['bsp_lr']:g} | "
                          f"{_ratios(t)}")
@@ -356,6 +428,8 @@ def parser():
                    "learning rate (BSP's too); the tables report the other seeds")
     p.add_argument("--lrs", default="0.2", help="comma-separated SGD learning rates (BSP runs each too)")
     p.add_argument("--scenario", default="device:40+random:6", help="slowdown spec of every run")
+    p.add_argument("--twins", action="store_true", help="also run BSP on the scenario's homogeneous twin (setting "
+                   f"{TWIN}: every rank at the mean step) for the heterogeneity tax")
     p.add_argument("--epochs", default="mlp=3,cnn=2", help="epochs per model at 4 ranks, MODEL=E,...; n ranks run "
                    "E x n / 4 (rounded): the same number of BSP steps, whose batches are n / 4 times larger")
     p.add_argument("--target", type=float, default=0.9, help="target test accuracy in (0, 1)")
@@ -398,6 +472,13 @@ def main(argv=None):
                 "out for no cap")
     if not 0 < args.target < 1 or any(lr <= 0 for lr in lrs):
         p.error(f"--target must be in (0, 1) and --lrs > 0, got {args.target} and {lrs}")
+    if args.twins and TWIN not in settings:
+        settings.append(TWIN)
+    try:
+        for n in args.np if TWIN in settings else ():
+            scenario_of(TWIN, args.scenario, n)
+    except ValueError as exc:
+        p.error(f"--twins: {exc}")
     missing = [m for m in models if epochs.get(m, 0) < 1]
     if missing:
         p.error(f"--epochs gives no epochs >= 1 for {', '.join(missing)} ({args.epochs!r})")
@@ -406,6 +487,8 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         p.error(str(exc))
     recorded = {_key(r) for r in earlier["rows"]}
+    this = "python -m hetsync.bench.study " + " ".join(argv if argv is not None else sys.argv[1:])
+    chain = command_chain(earlier.get("command"), args.out, this)  # logged before any run starts
     t0, failed = time.monotonic(), 0
     for n in args.np:
         for model in models:
@@ -420,7 +503,7 @@ def main(argv=None):
                                 time.monotonic() - t0 > args.time_cap_min * 60:
                             continue
                         try:
-                            s = run_one(folder, n, model, lr, setting, seed, args.scenario,
+                            s = run_one(folder, n, model, lr, setting, seed, scenario_of(setting, args.scenario, n),
                                         epochs_for(epochs, model, n), args.target, args.digits, dil.get(n, 1.0))
                         except Exception as exc:  # noqa: BLE001 - one failed run is reported, the rest go on
                             print(str(exc), file=sys.stderr)
@@ -437,10 +520,7 @@ def main(argv=None):
     selection = select(rows, select_seeds) if select_seeds else None
     dataset = "digits" if args.digits or launch.dataset_args()[1] == "digits" else "MNIST"
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenario": args.scenario,
-            "dataset": dataset, "target": args.target,
-            "command": "python -m hetsync.bench.study " + " ".join(argv if argv is not None else sys.argv[1:])}
-    if earlier.get("command"):
-        meta["command"] = f"{earlier['command']}; then {meta['command']}"
+            "dataset": dataset, "target": args.target, "command": chain}
     body = markdown(summary, meta, selection)
     print(body)
     doc = {**meta, "rows": rows, "summary": summary}

@@ -142,6 +142,24 @@ def test_a_study_resumed_from_its_document_runs_only_what_the_document_lacks(tmp
         study.recorded_rows(str(tmp_path / "x.json"), "device:40+random:6", 0.9)
 
 
+def test_the_document_names_every_invocation_that_ran_in_its_folder(tmp_path, monkeypatch):
+    out, docs = str(tmp_path / "out"), tmp_path / "docs"
+    _make(out)
+    _no_launch_docs(docs, monkeypatch)
+    plain = ["--out", out, "--np", "4", "--models", "mlp", "--settings", "rna", "--seeds", "1,2,3"]
+    assert study.main(plain) == 0  # no --update-docs: logged, not written into the docs
+    assert study.main(plain) == 0  # the same command again: logged once
+    assert not (docs / "bench" / "study.json").exists()
+    assert study.main(plain[:-2] + ["--seeds", "1,2", "--update-docs", "--docs-dir", str(docs)]) == 0
+    doc = json.loads((docs / "bench" / "study.json").read_text())
+    first, second = doc["command"].split("; then ")
+    assert first == "python -m hetsync.bench.study " + " ".join(plain) and second.endswith("--docs-dir " + str(docs))
+    # a later sitting from the document keeps the chain and adds its own command once
+    assert study.command_chain(doc["command"], str(tmp_path / "new"), "python -m hetsync.bench.study X") == \
+        doc["command"] + "; then python -m hetsync.bench.study X"
+    assert json.loads((tmp_path / "new" / study.COMMANDS_FILE).read_text()) == ["python -m hetsync.bench.study X"]
+
+
 def _grid(out):
     # BSP and SSP at lr 0.2 and 0.4 on seeds 1, 2 (reported) and 4, 5 (selection)
     times = {("bsp", 0.2): 20.0, ("bsp", 0.4): 12.0, ("ssp", 0.2): 8.0, ("ssp", 0.4): 10.0}
@@ -191,3 +209,39 @@ def test_a_study_with_selection_seeds_writes_the_tuned_table(tmp_path, monkeypat
     doc = json.loads((docs / "bench" / "study.json").read_text())
     assert doc["selection"]["tuned"][0]["bsp_lr"] == 0.4 and {t["seeds"] for t in doc["summary"]} == {2}
     assert "**Tuned fairly**" in (docs / "benchmarks.md").read_text()
+
+
+def test_twins_run_bsp_on_the_homogeneous_twin_and_give_the_tax(tmp_path, monkeypatch):
+    out = str(tmp_path / "study")
+    _grid(out)  # BSP chooses 0.4 (13, 14 s on seeds 1, 2), SSP 0.2 (9, 10 s)
+    launched = []
+
+    def fake_run_one(folder, n, model, lr, setting, seed, spec, *a, **k):
+        if os.path.exists(os.path.join(folder, "summary.json")):
+            return {}  # run_one launches only what has no summary
+        launched.append((setting, lr, seed, spec))
+        _summary(folder, 3000, {1: 6.5, 2: 5.0, 4: 6.0, 5: 6.0}[seed], 0.9, 1000.0)
+        return {"samples_to_target": 3000}
+
+    monkeypatch.setattr(study, "run_one", fake_run_one)
+    assert study.main(["--out", out, "--np", "4", "--models", "mlp", "--settings", "ssp", "--seeds", "1,2,4,5",
+                       "--lrs", "0.2,0.4", "--select-seeds", "4,5", "--twins"]) == 0
+    # only the twins were missing; device:40+random:6 on 4 ranks has the mean step 40 x (1 + 5/4) = 90 ms
+    assert sorted(launched) == sorted((study.TWIN, lr, seed, "device:90") for lr in (0.2, 0.4) for seed in (1, 2, 4, 5))
+    rows = study.rows_from(out)
+    (t,) = study.select(rows, [4, 5])["tuned"]
+    assert t["tax"] == pytest.approx(statistics.median([9 / 6.5, 10 / 5.0]))  # SSP's time over the twin's at 0.4
+    assert t["bsp_tax"] == pytest.approx(statistics.median([13 / 6.5, 14 / 5.0]))
+    ssp = [x for x in study.table(rows, exclude_seeds=[4, 5]) if x["setting"] == "ssp" and x["lr"] == 0.2][0]
+    assert ssp["tax"] == pytest.approx(statistics.median([9 / 6.5, 10 / 5.0]))
+    assert all(x["setting"] != study.TWIN for x in study.table(rows))  # the twin is a reference, not a row
+    text = study.markdown(study.table(rows, exclude_seeds=[4, 5]), {"date_utc": "d", "command": "c", "scenario": "s",
+                                                                   "dataset": "MNIST", "target": 0.9})
+    bsp_tax = statistics.median([21 / 6.5, 22 / 5.0])  # BSP at 0.2: 21, 22 s
+    assert f"| {statistics.median([9 / 6.5, 10 / 5.0]):.2f} ({bsp_tax:.2f}) |" in text
+
+
+def test_twins_need_an_emulated_device(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--out", str(tmp_path), "--np", "4", "--scenario", "random:6", "--twins"])
+    assert "--twins" in capsys.readouterr().err and not (tmp_path / study.COMMANDS_FILE).exists()
