@@ -68,11 +68,11 @@ class Statistics:
         names = tuple(self._stats)
         if not names:
             return {}
-        reader = self.__dict__.get("_stats_reader")
+        reader = getattr(self, "_stats_reader", None)
         if reader is None or reader[0] != names:
             variables = [self._stats[k] for k in names]
             reader = (names, tf.function(lambda: tf.stack([v.read_value() for v in variables]), autograph=False))
-            self.__dict__["_stats_reader"] = reader
+            self._stats_reader = reader
         return {k: float(x) for k, x in zip(names, reader[1]().numpy())}
 
     def continue_from(self, other):
