@@ -67,9 +67,13 @@ class GradCache : public ::tensorflow::ResourceBase {
 
   std::mutex mu;
   std::condition_variable pending_cv;  // signalled on every write
+  std::condition_variable published_cv;  // signalled on every publish and on release
   std::deque<Entry> pending;           // oldest first, strictly increasing iterations
   std::vector<::tensorflow::Tensor> result;  // newest published result (empty: none)
   float result_weight_sum = 0.0f;
+  int64_t taken_upto = -1;      // newest iteration of the last non-empty take (-1: none)
+  int64_t published_upto = -1;  // newest iteration inside a published round (-1: none)
+  bool released = false;        // set once the communication side ends: no round will follow
   int64_t counters[kNumCounters] = {0, 0, 0, 0, 0, 0, -1, -1, 0, -1};
 
  private:

@@ -1,8 +1,9 @@
 // The gradient-cache op family of RNA's cross-iteration execution (RNA paper
 // sections 3.3 and 6): HetsyncGradCacheCreate / Write / Read / Take / Publish
-// / Wait / absl::Status / Destroy, their definitions and their kernels. WriteOp and
-// ReadOp run inside the training step and never block; Take, Publish, Wait and
-// absl::Status run on the communication thread. Float32 only. The cache (grad_cache.h)
+// / Wait / WaitPublished / SetReleased / Status / Destroy, their definitions and their kernels.
+// WriteOp and ReadOp run inside the training step and never block; WaitPublished runs in
+// the step and blocks only when RNA's wait_for_round asks it to; Take, Publish, Wait,
+// SetReleased and Status run on the communication thread. Float32 only. The cache (grad_cache.h)
 // is a resource in host memory whatever the device: every op also has a GPU
 // kernel (the CPU one) with all of its arguments in host memory, so TensorFlow
 // copies a GPU gradient into the cache on write and the result back on read.
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -128,6 +130,37 @@ REGISTER_OP("HetsyncGradCacheWait")
     .Doc(R"doc(
 Blocks up to timeout_ms milliseconds until a gradient is pending; returns
 whether one is. For the communication thread only, never inside a step.
+)doc");
+
+REGISTER_OP("HetsyncGradCacheWaitPublished")
+    .Input("cache: resource")
+    .Input("iteration: int64")
+    .Input("timeout_ms: float64")
+    .Output("published: bool")
+    .Output("wait_ms: float64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Step side: blocks up to timeout_ms milliseconds until a published round holds
+the gradient of local iteration `iteration` (a take that included it was
+followed by a publish), or the cache is released. published: whether it was;
+wait_ms: how long the op blocked (milliseconds).
+)doc");
+
+REGISTER_OP("HetsyncGradCacheSetReleased")
+    .Input("cache: resource")
+    .Input("released: bool")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Communication side. released = true: no round follows, and every
+HetsyncGradCacheWaitPublished, now and until released is set false again,
+returns at once. released = false: waits block again (a new communication
+thread starts).
 )doc");
 
 REGISTER_OP("HetsyncGradCacheStatus")
@@ -306,7 +339,10 @@ class GradCacheTakeOp : public OpKernel {
       int64_t* c = cache->counters;
       c[GradCache::kPending] = 0;
       c[GradCache::kTaken] += static_cast<int64_t>(taken.size());
-      if (!taken.empty()) ++c[GradCache::kTakes];
+      if (!taken.empty()) {
+        ++c[GradCache::kTakes];
+        cache->taken_upto = taken.back().iteration;
+      }
       newest = c[GradCache::kNewestIteration];
     }
     const int64_t total = cache->total();
@@ -410,6 +446,8 @@ class GradCachePublishOp : public OpKernel {
     cache->result_weight_sum = weight_sum;
     c[GradCache::kNewestRound] = round;
     ++c[GradCache::kPublished];
+    cache->published_upto = cache->taken_upto;
+    cache->published_cv.notify_all();
   }
 
  private:
@@ -440,6 +478,54 @@ class GradCacheWaitOp : public OpKernel {
           [c] { return !c->pending.empty(); });
     }
     OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, ready));
+  }
+};
+
+// Step side: wait until the round that took iteration `iteration` is published (RNA's
+// wait_for_round; the step then reads it). Synchronous: it holds the step's thread while it waits.
+class GradCacheWaitPublishedOp : public OpKernel {
+ public:
+  explicit GradCacheWaitPublishedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const char* op = "HetsyncGradCacheWaitPublished";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
+    int64_t iteration = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, op, "iteration", &iteration));
+    double timeout_ms = 0.0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, op, "timeout_ms", &timeout_ms));
+    OP_REQUIRES(ctx, timeout_ms >= 0.0 && std::isfinite(timeout_ms),
+                errors::InvalidArgument(op, ": timeout_ms must be finite and >= 0, got ", timeout_ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    bool published = false;
+    {
+      GradCache* c = cache.get();
+      std::unique_lock<std::mutex> lock(c->mu);
+      c->published_cv.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1e3)),
+                               [c, iteration] { return c->published_upto >= iteration || c->released; });
+      published = c->published_upto >= iteration;
+    }
+    const double waited =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, published));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 1, waited));
+  }
+};
+
+class GradCacheSetReleasedOp : public OpKernel {
+ public:
+  explicit GradCacheSetReleasedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const char* op = "HetsyncGradCacheSetReleased";
+    core::RefCountPtr<GradCache> cache;
+    OP_REQUIRES_OK(ctx, LookupHandle(ctx, op, kCache, &cache));
+    bool released = false;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, op, "released", &released));
+    std::lock_guard<std::mutex> lock(cache->mu);
+    cache->released = released;
+    cache->published_cv.notify_all();
   }
 };
 
@@ -476,6 +562,8 @@ REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheRead").Device(DEVICE_CPU), GradCac
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheTake").Device(DEVICE_CPU), GradCacheTakeOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCachePublish").Device(DEVICE_CPU), GradCachePublishOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWait").Device(DEVICE_CPU), GradCacheWaitOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWaitPublished").Device(DEVICE_CPU), GradCacheWaitPublishedOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheSetReleased").Device(DEVICE_CPU), GradCacheSetReleasedOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheStatus").Device(DEVICE_CPU), GradCacheStatusOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheDestroy").Device(DEVICE_CPU), GradCacheDestroyOp);
 
@@ -521,6 +609,19 @@ REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWait")
                             .HostMemory("timeout_ms")
                             .HostMemory("ready"),
                         GradCacheWaitOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheWaitPublished")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("iteration")
+                            .HostMemory("timeout_ms")
+                            .HostMemory("published")
+                            .HostMemory("wait_ms"),
+                        GradCacheWaitPublishedOp);
+REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheSetReleased")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("cache")
+                            .HostMemory("released"),
+                        GradCacheSetReleasedOp);
 REGISTER_KERNEL_BUILDER(Name("HetsyncGradCacheStatus")
                             .Device(DEVICE_GPU)
                             .HostMemory("cache")

@@ -16,8 +16,8 @@ the module defining it is reached as ``importlib.import_module("hetsync.ops.dela
 from hetsync.ops.library import OpLibraryError, build_info, library_tag, load_library
 from hetsync.ops.delay import delay
 from hetsync.ops.grad_cache import (GRAD_CACHE_COUNTERS, grad_cache_create, grad_cache_destroy, grad_cache_publish,
-                                    grad_cache_read, grad_cache_status, grad_cache_take, grad_cache_wait,
-                                    grad_cache_write)
+                                    grad_cache_read, grad_cache_set_released, grad_cache_status, grad_cache_take,
+                                    grad_cache_wait, grad_cache_wait_published, grad_cache_write)
 from hetsync.ops.hop_queues import (HOP_UPDATE_QUEUE_COUNTERS, hop_token_cancel, hop_token_close, hop_token_put,
                                     hop_token_queue_create, hop_token_queue_destroy, hop_token_size, hop_token_take,
                                     hop_update_queue_close, hop_update_queue_counters, hop_update_queue_create,
@@ -27,7 +27,8 @@ from hetsync.ops.hop_queues import (HOP_UPDATE_QUEUE_COUNTERS, hop_token_cancel,
 
 __all__ = ["load_library", "build_info", "library_tag", "delay", "OpLibraryError",
            "GRAD_CACHE_COUNTERS", "grad_cache_create", "grad_cache_write", "grad_cache_read", "grad_cache_take",
-           "grad_cache_publish", "grad_cache_wait", "grad_cache_status", "grad_cache_destroy",
+           "grad_cache_publish", "grad_cache_wait", "grad_cache_wait_published", "grad_cache_set_released",
+           "grad_cache_status", "grad_cache_destroy",
            "HOP_UPDATE_QUEUE_COUNTERS", "hop_update_queue_create", "hop_update_queue_enqueue",
            "hop_update_queue_dequeue", "hop_update_queue_size", "hop_update_queue_dequeue_newest",
            "hop_update_queue_status", "hop_update_queue_counters", "hop_update_queue_close",

@@ -4,7 +4,9 @@ RNA paper sections 3.3 and 6. Inside the training step, WriteOp (:func:`grad_cac
 this step's gradients and ReadOp (:func:`grad_cache_read`) returns the newest reduced result if one
 arrived, else this step's own gradients; neither blocks. The communication thread takes the pending
 accumulation (:func:`grad_cache_take`), allreduces it, and publishes the result
-(:func:`grad_cache_publish`); it waits for work with :func:`grad_cache_wait`.
+(:func:`grad_cache_publish`); it waits for work with :func:`grad_cache_wait`. With RNA's ``wait_for_round``
+the step blocks after its write until the round that took it is published (:func:`grad_cache_wait_published`),
+and the communication thread releases such waits when it ends (:func:`grad_cache_set_released`).
 
 Notation used by every function below: ``t`` is a *local iteration id* of this rank (the value
 passed to :func:`grad_cache_write`, strictly increasing); ``k`` is the newest pending iteration when
@@ -28,7 +30,8 @@ import tensorflow as tf
 from hetsync.ops.library import load_library
 
 __all__ = ["GRAD_CACHE_COUNTERS", "grad_cache_create", "grad_cache_write", "grad_cache_read", "grad_cache_take",
-           "grad_cache_publish", "grad_cache_wait", "grad_cache_status", "grad_cache_destroy"]
+           "grad_cache_publish", "grad_cache_wait", "grad_cache_wait_published", "grad_cache_set_released",
+           "grad_cache_status", "grad_cache_destroy"]
 
 #: index of each counter in :func:`grad_cache_status`'s result.
 GRAD_CACHE_COUNTERS = ("written", "dropped", "taken", "takes", "published", "fresh_reads", "newest_round",
@@ -182,6 +185,44 @@ def grad_cache_wait(cache, timeout_ms):
     """
     lib = load_library()
     return lib.hetsync_grad_cache_wait(cache, tf.cast(timeout_ms, tf.float64))
+
+
+def grad_cache_wait_published(cache, iteration, timeout_ms):
+    """Step side: block up to ``timeout_ms`` milliseconds until a published round holds the gradient of local
+    iteration ``iteration`` (op ``HetsyncGradCacheWaitPublished``).
+
+    A round holds it once a :func:`grad_cache_take` that included it was followed by a
+    :func:`grad_cache_publish`. Returns at once while the cache is released (:func:`grad_cache_set_released`).
+    A synchronous kernel: inside the training step it holds the step (RNA's ``wait_for_round``: the step then
+    reads the round with :func:`grad_cache_read`, so each gradient is applied before the next one is computed).
+
+    Args:
+        cache: handle from :func:`grad_cache_create`.
+        iteration: int64 scalar, a local iteration id t already written.
+        timeout_ms: float64 scalar >= 0, milliseconds to wait at most (0: a poll). Must be finite.
+
+    Returns:
+        ``(published, wait_ms)``: bool scalar (whether a published round holds iteration t; False after a
+        timeout or a release without it); float64 scalar, the milliseconds the op blocked.
+
+    Raises:
+        tf.errors.InvalidArgumentError: ``timeout_ms`` negative or not finite, an input not a scalar.
+    """
+    lib = load_library()
+    return lib.hetsync_grad_cache_wait_published(cache, tf.cast(iteration, tf.int64), tf.cast(timeout_ms, tf.float64))
+
+
+def grad_cache_set_released(cache, released):
+    """Communication side: with ``released`` True no round follows, and every :func:`grad_cache_wait_published`,
+    now and until it is set False again, returns at once; False makes the waits block again (op
+    ``HetsyncGradCacheSetReleased``). RNA's communication thread releases its cache when it ends, so that no step
+    waits for a round that will not come, and the next fit's thread sets it False before it starts.
+
+    Args:
+        cache: handle from :func:`grad_cache_create`. released: bool.
+    """
+    lib = load_library()
+    lib.hetsync_grad_cache_set_released(cache, tf.constant(bool(released)))
 
 
 def grad_cache_status(cache):

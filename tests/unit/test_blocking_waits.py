@@ -58,7 +58,7 @@ MPI_BLOCKING = {"Recv", "recv", "Probe", "probe", "Mprobe", "mprobe", "Wait", "W
                 "Dup", "Split", "Create", "Free"}
 #: compiled blocking ops of hetsync.ops and the positional index of their ``timeout_ms``.
 OPS = {"hop_update_queue_dequeue": 4, "hop_update_queue_dequeue_newest": 3, "hop_token_take": 3,
-       "grad_cache_wait": 1}
+       "grad_cache_wait": 1, "grad_cache_wait_published": 2}
 #: module-level functions that wait for a child process.
 SUBPROCESS = {"run", "call", "check_call", "check_output"}
 #: calls that make a ``while`` loop a polling loop.

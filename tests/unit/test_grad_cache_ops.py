@@ -203,6 +203,88 @@ def test_wait_times_out_empty_and_wakes_on_write_from_another_thread():
     assert result["ready"] and 0.15 <= result["s"] < 5.0, result
 
 
+def test_wait_published_wakes_once_the_round_that_took_the_iteration_is_published():
+    cache = ops.grad_cache_create(SHAPES, max_staleness=4)
+    ops.grad_cache_write(cache, const(1.0), 3)
+    published, waited = ops.grad_cache_wait_published(cache, 3, 30.0)  # written, not taken: times out
+    assert not bool(published) and float(waited) >= 25.0
+    ops.grad_cache_take(cache)
+    published, _ = ops.grad_cache_wait_published(cache, 3, 0.0)  # taken, not yet published
+    assert not bool(published)
+    result = {}
+
+    def waiter():
+        result["out"] = ops.grad_cache_wait_published(cache, 3, 10000.0)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.2)
+    ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 2.0, np.float32), 1.0), 0)
+    th.join(10)
+    published, waited = result["out"]
+    assert bool(published) and 150.0 <= float(waited) < 5000.0, result
+    # a later publish of a round that took nothing keeps iteration 3 published; iteration 4 is not
+    ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 2.0, np.float32), 1.0), 1)
+    assert bool(ops.grad_cache_wait_published(cache, 3, 0.0)[0])
+    assert not bool(ops.grad_cache_wait_published(cache, 4, 0.0)[0])
+    # the read after the wait returns the accumulated rounds
+    outs, fresh, round_id, wsum = ops.grad_cache_read(cache, const(0.0), 4)
+    assert bool(fresh) and int(round_id) == 1
+
+
+def test_released_cache_returns_every_wait_at_once_until_set_back():
+    cache = ops.grad_cache_create(SHAPES, max_staleness=4)
+    ops.grad_cache_write(cache, const(1.0), 0)
+    result = {}
+
+    def waiter():
+        t = time.perf_counter()
+        result["out"] = ops.grad_cache_wait_published(cache, 0, 10000.0)
+        result["s"] = time.perf_counter() - t
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.2)
+    ops.grad_cache_set_released(cache, True)
+    th.join(10)
+    assert not bool(result["out"][0]) and 0.15 <= result["s"] < 5.0, result
+    t0 = time.perf_counter()
+    assert not bool(ops.grad_cache_wait_published(cache, 0, 10000.0)[0])
+    assert time.perf_counter() - t0 < 1.0
+    ops.grad_cache_set_released(cache, False)
+    published, waited = ops.grad_cache_wait_published(cache, 0, 30.0)
+    assert not bool(published) and float(waited) >= 25.0
+
+
+def test_wait_published_inside_tf_function_and_bad_timeout():
+    cache = ops.grad_cache_create(SHAPES, max_staleness=4)
+
+    @tf.function
+    def step(g, it):
+        ops.grad_cache_write(cache, g, it)
+        published, _ = ops.grad_cache_wait_published(cache, it, 5000.0)
+        with tf.control_dependencies([published]):
+            outs, fresh, _, _ = ops.grad_cache_read(cache, g, it)
+        return published, fresh, outs
+
+    def comm():
+        while not bool(ops.grad_cache_wait(cache, 5000.0)):
+            pass
+        ops.grad_cache_take(cache)
+        ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 6.0, np.float32), 2.0), 0)
+
+    th = threading.Thread(target=comm)
+    th.start()
+    published, fresh, outs = step(const(1.0), tf.constant(0, tf.int64))
+    th.join(10)
+    assert bool(published) and bool(fresh)
+    np.testing.assert_allclose(outs[0].numpy(), np.full(3, 3.0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="timeout_ms"):
+        ops.grad_cache_wait_published(cache, 0, -1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="timeout_ms"):
+        ops.grad_cache_wait_published(cache, 0, float("inf"))
+
+
 def test_concurrent_writer_readers_and_communication_thread():
     """One compute thread writes and reads, two extra readers, one communication thread takes and publishes."""
     cache = ops.grad_cache_create(SHAPES, max_staleness=2)

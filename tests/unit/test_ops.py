@@ -127,6 +127,7 @@ def _kernels(op_name):
 
 @pytest.mark.parametrize("op_name", ["HetsyncGradCacheCreate", "HetsyncGradCacheWrite", "HetsyncGradCacheRead",
                                      "HetsyncGradCacheTake", "HetsyncGradCachePublish", "HetsyncGradCacheWait",
+                                     "HetsyncGradCacheWaitPublished", "HetsyncGradCacheSetReleased",
                                      "HetsyncGradCacheStatus", "HetsyncGradCacheDestroy"])
 def test_gradient_cache_ops_register_gpu_kernels_with_every_argument_in_host_memory(op_name):
     """GPU variants keep the cache on the host: every input and output is pinned to host memory."""
