@@ -16,7 +16,7 @@ SLOWDOWN ?= device:40+random:6
 LR ?= 0.2
 LR_bsp ?= 0.4
 LR_rna ?= 0.4
-ARGS_rna ?= --protocol-arg update_rule=samples
+ARGS_rna ?= --protocol-arg update_rule=samples --protocol-arg wait_for_round=true
 MNIST_DIR := ../shared/data/mnist-t10k
 # The MNIST files beside the repository when present (3 epochs), else scikit-learn's embedded digits (16 epochs).
 ifneq ($(wildcard $(MNIST_DIR)/*idx*),)

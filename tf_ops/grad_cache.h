@@ -74,6 +74,7 @@ class GradCache : public ::tensorflow::ResourceBase {
   int64_t taken_upto = -1;      // newest iteration of the last non-empty take (-1: none)
   int64_t published_upto = -1;  // newest iteration inside a published round (-1: none)
   bool released = false;        // set once the communication side ends: no round will follow
+  bool stalled = false;         // a wait timed out; waits return at once until the next publish
   int64_t counters[kNumCounters] = {0, 0, 0, 0, 0, 0, -1, -1, 0, -1};
 
  private:

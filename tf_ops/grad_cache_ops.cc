@@ -147,8 +147,11 @@ REGISTER_OP("HetsyncGradCacheWaitPublished")
     .Doc(R"doc(
 Step side: blocks up to timeout_ms milliseconds until a published round holds
 the gradient of local iteration `iteration` (a take that included it was
-followed by a publish), or the cache is released. published: whether it was;
-wait_ms: how long the op blocked (milliseconds).
+followed by a publish), or the cache is released. A wait (timeout_ms > 0)
+that times out marks the rounds stalled: later waits return at once until the
+next publish.
+published: whether a published round holds it; wait_ms: how long the op
+blocked (milliseconds).
 )doc");
 
 REGISTER_OP("HetsyncGradCacheSetReleased")
@@ -447,6 +450,7 @@ class GradCachePublishOp : public OpKernel {
     c[GradCache::kNewestRound] = round;
     ++c[GradCache::kPublished];
     cache->published_upto = cache->taken_upto;
+    cache->stalled = false;
     cache->published_cv.notify_all();
   }
 
@@ -502,8 +506,13 @@ class GradCacheWaitPublishedOp : public OpKernel {
     {
       GradCache* c = cache.get();
       std::unique_lock<std::mutex> lock(c->mu);
-      c->published_cv.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1e3)),
-                               [c, iteration] { return c->published_upto >= iteration || c->released; });
+      if (!c->stalled) {
+        const bool woke = c->published_cv.wait_for(
+            lock, std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1e3)),
+            [c, iteration] { return c->published_upto >= iteration || c->released; });
+        // until the next publish: do not hold every step for a stalled round (a poll, timeout 0, is no stall)
+        if (!woke && timeout_ms > 0.0) c->stalled = true;
+      }
       published = c->published_upto >= iteration;
     }
     const double waited =

@@ -52,6 +52,9 @@ SETTINGS = {
     "rna-samples-shard": ("rna", ("update_rule=samples", "data_plan=shard", "average_every=10"),
                           "RNA with the samples rule and the average every 10 rounds, on fixed shards instead of "
                           "the sample pool"),
+    "rna-wait": ("rna", ("update_rule=samples", "wait_for_round=true"),
+                 "RNA with the samples rule, each step waiting for the round that takes its gradients "
+                 "(``wait_for_round``: applied before the next one is computed)"),
     "rna-samples-stalelr": ("rna", ("update_rule=samples", "stale_lr=inverse"),
                             "RNA with the samples rule and the staleness-dependent rate gamma / max(c, 1) (Zhang et "
                             "al., IJCAI 2016)"),

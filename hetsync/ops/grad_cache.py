@@ -192,7 +192,8 @@ def grad_cache_wait_published(cache, iteration, timeout_ms):
     iteration ``iteration`` (op ``HetsyncGradCacheWaitPublished``).
 
     A round holds it once a :func:`grad_cache_take` that included it was followed by a
-    :func:`grad_cache_publish`. Returns at once while the cache is released (:func:`grad_cache_set_released`).
+    :func:`grad_cache_publish`. Returns at once while the cache is released (:func:`grad_cache_set_released`),
+    and after a wait that timed out, until the next publish (the rounds are stalled: no step is held for them).
     A synchronous kernel: inside the training step it holds the step (RNA's ``wait_for_round``: the step then
     reads the round with :func:`grad_cache_read`, so each gradient is applied before the next one is computed).
 

@@ -14,6 +14,8 @@ MODE:
              model computes in well under 1 ms, and 20x that can be shorter than a round).
   samples    as straggler, with ``update_rule="samples"``, no parameter average and none at the end: every
              rank's final weight is -lr / n times the sum of the gradients of the rounds it read.
+  wait       as samples, with ``wait_for_round=True``: every step waits for the round that takes its gradient
+             before it reads, so every step reads a fresh result and nothing is left pending at the end.
   stalelr    as samples, with ``stale_lr="inverse"``; every rank also reports r(t), the last round each of its
              steps' gradients included (the ring the contributions' staleness is read from).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
@@ -70,10 +72,12 @@ rna_module.ops = observer
 kwargs = {"probes": 2, "max_staleness": 3, "average_every": 5}
 steps = 100
 spec = "none"
-if mode in ("straggler", "samples", "stalelr"):
+if mode in ("straggler", "samples", "stalelr", "wait"):
     spec = "deterministic:3:20"
-    if mode in ("samples", "stalelr"):
+    if mode in ("samples", "stalelr", "wait"):
         kwargs.update(update_rule="samples", average_every=0, drift_every=0, average_at_end=False)
+    if mode == "wait":
+        kwargs.update(wait_for_round=True)
     if mode == "stalelr":
         kwargs.update(stale_lr="inverse")
 elif mode == "uneven":
@@ -85,14 +89,14 @@ elif mode == "stuck":
     steps = 30
     kwargs.update(finish_timeout_s=2.0, timeout_s=4.0)
 else:
-    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, stalelr, uneven, stall or stuck")
+    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, wait, stalelr, uneven, stall or stuck")
 
 
 class Stall(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if mode == "stall" and rank == 2 and batch == 9:
             proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
-        if mode in ("straggler", "samples", "stalelr") and rank == 3:
+        if mode in ("straggler", "samples", "stalelr", "wait") and rank == 3:
             time.sleep(0.06)
 
 

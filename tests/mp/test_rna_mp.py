@@ -89,6 +89,32 @@ def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp
         assert pr["written"] == pr["taken"] + pr["dropped"] + pr["undrained_at_end"]
 
 
+def test_waiting_for_the_round_makes_every_step_read_its_own_gradient_before_the_next(tmp_path):
+    out = tmp_path / "wait.json"
+    launch(4, ["tests/jobs/rna_check.py", "wait", str(out)], timeout=240)
+    r = read_json(out)
+    n, lr = r["n"], 0.01
+    by_round = {}
+    for rk in r["ranks"]:
+        for e in rk["log"]:
+            by_round.setdefault(e["round"], {})[rk["rank"]] = e
+    sums = [sum(len(e["its"]) * (i + 1) for i, e in by_round[rid].items()) for rid in sorted(by_round)]
+    st = r["stats"]
+    assert st["wait_for_round"] and st["wait_unpublished"] == 0
+    for pr in st["per_rank"]:  # every step read the round holding its own gradient
+        assert pr["fresh_reads"] == pr["written"] == pr["steps"], pr
+    assert st["staleness_histogram"][1:] == [0] * (len(st["staleness_histogram"]) - 1)  # never two pending
+    for pr in st["per_rank"]:
+        assert pr["undrained_at_end"] == 0 and pr["dropped"] == 0 and pr["written"] == pr["taken"] == 100
+    prefix = [sum(sums[:k]) for k in range(len(sums) + 1)]
+    for rk in r["ranks"]:
+        own = [i for i, rid in enumerate(sorted(by_round)) if by_round[rid][rk["rank"]]["its"]]
+        applied = -rk["w_final"] * n / lr
+        k = min(range(len(prefix)), key=lambda j: abs(applied - prefix[j]))
+        assert abs(applied - prefix[k]) < 1e-3 * max(1.0, applied), (rk["rank"], applied, prefix[-5:])
+        assert k >= own[-1] + 1  # the rounds read include the one holding the rank's last gradient
+
+
 def test_the_staleness_dependent_rate_scales_each_contribution_by_its_rounds_of_staleness(tmp_path):
     out = tmp_path / "stalelr.json"
     launch(4, ["tests/jobs/rna_check.py", "stalelr", str(out)], timeout=240)

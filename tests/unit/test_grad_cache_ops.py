@@ -206,8 +206,8 @@ def test_wait_times_out_empty_and_wakes_on_write_from_another_thread():
 def test_wait_published_wakes_once_the_round_that_took_the_iteration_is_published():
     cache = ops.grad_cache_create(SHAPES, max_staleness=4)
     ops.grad_cache_write(cache, const(1.0), 3)
-    published, waited = ops.grad_cache_wait_published(cache, 3, 30.0)  # written, not taken: times out
-    assert not bool(published) and float(waited) >= 25.0
+    published, _ = ops.grad_cache_wait_published(cache, 3, 0.0)  # written, not taken (a poll: no stall)
+    assert not bool(published)
     ops.grad_cache_take(cache)
     published, _ = ops.grad_cache_wait_published(cache, 3, 0.0)  # taken, not yet published
     assert not bool(published)
@@ -253,6 +253,22 @@ def test_released_cache_returns_every_wait_at_once_until_set_back():
     assert time.perf_counter() - t0 < 1.0
     ops.grad_cache_set_released(cache, False)
     published, waited = ops.grad_cache_wait_published(cache, 0, 30.0)
+    assert not bool(published) and float(waited) >= 25.0
+
+
+def test_a_timed_out_wait_marks_the_rounds_stalled_until_the_next_publish():
+    cache = ops.grad_cache_create(SHAPES, max_staleness=4)
+    ops.grad_cache_write(cache, const(1.0), 0)
+    published, waited = ops.grad_cache_wait_published(cache, 0, 30.0)  # no round comes: times out
+    assert not bool(published) and float(waited) >= 25.0
+    t0 = time.perf_counter()
+    published, _ = ops.grad_cache_wait_published(cache, 0, 10000.0)  # stalled: at once
+    assert not bool(published) and time.perf_counter() - t0 < 1.0
+    ops.grad_cache_take(cache)
+    ops.grad_cache_publish(cache, np.append(np.full(TOTAL, 1.0, np.float32), 1.0), 0)  # clears the stall
+    assert bool(ops.grad_cache_wait_published(cache, 0, 0.0)[0])
+    ops.grad_cache_write(cache, const(1.0), 1)
+    published, waited = ops.grad_cache_wait_published(cache, 1, 30.0)  # waits again
     assert not bool(published) and float(waited) >= 25.0
 
 

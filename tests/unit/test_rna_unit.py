@@ -30,6 +30,9 @@ def init():
     ({"update_rule": "sum"}, "RNA: update_rule must be one of"),
     ({"update_rule": "samples", "scale_lr": True}, "use it with scale_lr=False"),
     ({"stale_lr": "inverse"}, "RNA: stale_lr='inverse' needs update_rule='samples'"),
+    ({"wait_for_round": True}, "RNA: wait_for_round=True needs update_rule='samples'"),
+    ({"wait_for_round": "yes", "update_rule": "samples"}, "RNA: wait_for_round must be True or False, got 'yes'"),
+    ({"wait_timeout_s": 0, "update_rule": "samples"}, "RNA: wait_timeout_s must be a number > 0 (seconds), got 0"),
     ({"stale_lr": "sqrt", "update_rule": "samples"}, "RNA: stale_lr must be one of"),
 ])
 def test_bad_arguments_fail_at_wrap_time(kwargs, message):

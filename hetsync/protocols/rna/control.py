@@ -78,9 +78,11 @@ class Controller:
         return [r for r in self.members if r not in self.done]
 
     def send_probes(self):
-        """Probe ``probes`` random active ranks (power-of-d choices) for the current round."""
+        """Probe ``probes`` random active ranks (power-of-d choices) for the current round; every active rank
+        with RNA's ``wait_for_round``."""
         active = self.active()
-        k = min(self.cfg.probes, len(active))
+        # with wait_for_round a waiting rank is ready at once: probe every active rank
+        k = len(active) if getattr(self.cfg, "wait_for_round", False) else min(self.cfg.probes, len(active))
         self.probed = sorted(int(r) for r in self.rng.choice(active, size=k, replace=False))
         self.probe_t0 = time.monotonic()
         for r in self.probed:

@@ -7,7 +7,8 @@ and the message loop are in :mod:`hetsync.protocols.rna.control`.
 
 How one rank works
 ------------------
-* **Compute step** (inside ``model.fit``'s compiled step, never waits for the network): WriteOp
+* **Compute step** (inside ``model.fit``'s compiled step, never waits for the network unless
+  ``wait_for_round``): WriteOp
   caches this step's gradients g_t for the local iteration t (:func:`hetsync.ops.grad_cache_write`);
   ReadOp returns the newest reduced result if one arrived since the last read, else the local
   gradients (:func:`hetsync.ops.grad_cache_read`); the wrapped optimizer applies what ReadOp returned.
@@ -38,6 +39,12 @@ How one rank works
   and Liu, "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016: alpha_0 / tau). The
   accumulation g' combines m gradients with the cache's weights a_t, so the rank scales its contribution by
   m x sum_t a_t f_t / sum_t a_t (f_t = 1 / max(c_t, 1)): exact when its pending gradients share one staleness.
+* **Waiting for the round** (``wait_for_round=True``, samples rule only; not in the paper): after WriteOp the
+  step waits until the round that takes its gradients is published (:func:`hetsync.ops.grad_cache_wait_published`,
+  at most ``wait_timeout_s``; after a wait that timed out, no step waits until the next round is published), and
+  only then reads and takes the critical section, so each gradient is applied before the rank computes its next
+  one (without it every gradient is applied at least one step late). The controller then probes every active
+  rank. The communication thread releases such waits when it ends (:func:`hetsync.ops.grad_cache_set_released`).
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
   drift apart like a random walk. The communication thread measures the drift, the largest L2
@@ -113,6 +120,17 @@ class RNAConfig(ProtocolConfig):
                     "gradient's staleness, is the number of rounds published after the last round its parameters "
                     "included and before R (staleness-aware asynchronous SGD, Zhang, Gupta, Lian and Liu, IJCAI "
                     "2016: alpha_0 / tau). Not with the paper's rule.")
+    wait_for_round: bool = param(
+        False, "bool, with the samples rule: after its write a step waits (``wait_timeout_s`` at most) until the "
+               "round that takes its gradients is published, then reads, so each gradient is applied before the rank "
+               "computes its next one, as a parameter-server worker pulls after its push. The wait is one round's "
+               "latency, never a straggler's step (a round takes whoever is ready); the controller then probes "
+               "every active rank (``probes`` is not used), so a waiting rank initiates the next round at once. "
+               "Not with the paper's rule.")
+    wait_timeout_s: float = param(
+        1.0, "float seconds (> 0), with ``wait_for_round``: the longest a step waits for its round. A wait that "
+             "times out is counted (``rna_wait_unpublished``) and the steps after it do not wait until the next "
+             "round is published, so a stalled round holds no step longer than this.", gt=0, unit="seconds")
     average_every: typing.Optional[int] = param(
         None, "int >= 0; average the parameters (with the model's float32 non-trainable state, e.g. "
               "BatchNormalization statistics) over the active ranks every that many rounds (0: never). None: 10 with "
@@ -197,11 +215,14 @@ class RNAProtocol(Protocol):
                              "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
+        if getattr(self.cfg, "wait_for_round", False) and self.update_rule != "samples":
+            raise ValueError("RNA: wait_for_round=True needs update_rule='samples' (under the paper's rule a step "
+                             "already applies its own gradient locally)")
         if self.stale_lr != "constant" and self.update_rule != "samples":
             raise ValueError(f"RNA: stale_lr={self.stale_lr!r} needs update_rule='samples' (the paper's rule applies "
                              "local steps between rounds); use stale_lr='constant' with update_rule='paper'")
         for s in ("rna_fresh", "rna_round", "rna_contributors", "rna_dropped", "rna_rounds", "rna_probe_ms",
-                  "rna_drift", "rna_param_corrections"):
+                  "rna_drift", "rna_param_corrections", "rna_round_wait_ms", "rna_wait_unpublished"):
             self.add_stat(s, -1.0 if s == "rna_drift" else 0.0)
         with tf.init_scope():
             self._iteration = tf.Variable(-1, dtype=tf.int64, trainable=False, name="hetsync_rna_iteration")
@@ -236,6 +257,7 @@ class RNAProtocol(Protocol):
     def start(self):
         """Create the caches, lower the thread switch interval and start the communication thread."""
         self._create_caches()
+        ops.grad_cache_set_released(self._cache, False)  # this fit's rounds follow
         # The communication thread needs the GIL for a few short moments per round; with Python's
         # default 5 ms switch interval each of them can wait 5 ms behind the training loop.
         self._saved_switch_interval = None
@@ -318,7 +340,15 @@ class RNAProtocol(Protocol):
             recorded = [self._read_rounds[it % STALE_RING].assign(self._params_round)]
         with tf.control_dependencies(recorded):
             dropped = ops.grad_cache_write(self._cache, grads, it)
-        with tf.control_dependencies([dropped]):
+        deps = [dropped]
+        if getattr(self.cfg, "wait_for_round", False):  # the round that takes this step's gradients, then read it
+            with tf.control_dependencies([dropped]):
+                published, wait_ms = ops.grad_cache_wait_published(self._cache, it,
+                                                                   world.dilated(self.cfg.wait_timeout_s) * 1e3)
+            self._stats["rna_round_wait_ms"].assign(wait_ms)
+            self._stats["rna_wait_unpublished"].assign_add(1.0 - tf.cast(published, tf.float64))
+            deps.append(published)
+        with tf.control_dependencies(deps):
             outs, fresh, round_id, wsum = ops.grad_cache_read(self._cache, grads, it)
         if self.stale_lr == "inverse":
             with tf.control_dependencies(recorded):
@@ -358,7 +388,10 @@ class RNAProtocol(Protocol):
             # Reading every variable last makes the critical section's release wait for their updates.
             return [tf.identity(v.value) for v in variables]
 
-        self._section.execute(update)
+        # The critical section's lock is taken only after the wait: a step holding it while it waits would block
+        # the communication thread's snapshot (drift, parameter average), and with it the round the step awaits.
+        with tf.control_dependencies(deps):
+            self._section.execute(update)
         return result[0]
 
     def snapshot(self):
@@ -393,6 +426,7 @@ class RNAProtocol(Protocol):
             except Exception:  # noqa: BLE001 - the error is reported at stop() in any case
                 pass
         finally:
+            ops.grad_cache_set_released(self._cache, True)  # no round follows: no step waits for one
             try:
                 self._p2p.flush(self.cfg.timeout_s)
             except Exception as exc:  # noqa: BLE001 - counted by the dispatcher, reported here
@@ -486,7 +520,8 @@ class RNAProtocol(Protocol):
                 "probes_expired": self._loop.probes_expired, "late_messages": late,
                 "staleness_histogram": [int(v) for v in loc["staleness"]], "error": self._error,
                 "round_staleness_histogram": [int(v) for v in loc["round_staleness"]],
-                "lr_scale_sum": float(np.sum(loc["lr_scale"])), "lr_scale_n": len(loc["lr_scale"])}
+                "lr_scale_sum": float(np.sum(loc["lr_scale"])), "lr_scale_n": len(loc["lr_scale"]),
+                "wait_unpublished": int(self._stats["rna_wait_unpublished"].numpy())}
         per_rank = transport.allgather_object(mine, name="hetsync_rna_totals")
         hist = np.sum([d["staleness_histogram"] for d in per_rank], axis=0).astype(int).tolist()
         rounds = loc["rounds_joined"]
@@ -495,12 +530,16 @@ class RNAProtocol(Protocol):
             "syncs": rounds,
             "rounds": rounds,
             "round_allreduce_ms_median": float(np.median(loc["round_ms"])) if loc["round_ms"] else None,
+            "round_allreduce_ms_max": float(np.max(loc["round_ms"])) if loc["round_ms"] else None,
             "contributors_per_round_mean": (sum(k * v for k, v in contrib.items()) / rounds) if rounds else None,
             "contributors_histogram": {str(k): v for k, v in sorted(contrib.items())},
             # what the contributor counts count: ranks (Algorithm 2) or gradients (update_rule "samples")
             "contributors_unit": "gradients" if self.update_rule == "samples" else "ranks",
             "staleness_histogram": hist,
             "stale_lr": self.stale_lr,
+            "wait_for_round": bool(getattr(self.cfg, "wait_for_round", False)),
+            # steps whose wait ended without their round (a timeout, or the rounds ended first)
+            "wait_unpublished": sum(d["wait_unpublished"] for d in per_rank),
             "dropped_gradients": sum(d["dropped"] for d in per_rank),
             "undrained_at_end": sum(d["undrained_at_end"] for d in per_rank),
             "unsynchronized_gradients": sum(d["written"] - d["taken"] for d in per_rank),
