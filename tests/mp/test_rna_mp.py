@@ -57,15 +57,20 @@ def test_rounds_average_exactly_the_contributors_and_a_straggler_contributes_wei
     assert s["drift_before_final_average"] > 0.0
 
 
-def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp_path):
-    out = tmp_path / "samples.json"
-    launch(4, ["tests/jobs/rna_check.py", "samples", str(out)], timeout=240)
+def _samples_rule_run(tmp_path, mode):
+    """Launch ``tests/jobs/rna_check.py MODE`` on 4 ranks; return (its JSON, n, lr, {round: {rank: log entry}})."""
+    out = tmp_path / f"{mode}.json"
+    launch(4, ["tests/jobs/rna_check.py", mode, str(out)], timeout=240)
     r = read_json(out)
-    n, lr = r["n"], 0.01
     by_round = {}
     for rk in r["ranks"]:
         for e in rk["log"]:
             by_round.setdefault(e["round"], {})[rk["rank"]] = e
+    return r, r["n"], 0.01, by_round
+
+
+def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp_path):
+    r, n, lr, by_round = _samples_rule_run(tmp_path, "samples")
     sums = []
     for rid in sorted(by_round):
         entries = by_round[rid]
@@ -90,14 +95,7 @@ def test_the_samples_rule_applies_every_taken_gradient_once_on_every_replica(tmp
 
 
 def test_waiting_for_the_round_makes_every_step_read_its_own_gradient_before_the_next(tmp_path):
-    out = tmp_path / "wait.json"
-    launch(4, ["tests/jobs/rna_check.py", "wait", str(out)], timeout=240)
-    r = read_json(out)
-    n, lr = r["n"], 0.01
-    by_round = {}
-    for rk in r["ranks"]:
-        for e in rk["log"]:
-            by_round.setdefault(e["round"], {})[rk["rank"]] = e
+    r, n, lr, by_round = _samples_rule_run(tmp_path, "wait")
     sums = [sum(len(e["its"]) * (i + 1) for i, e in by_round[rid].items()) for rid in sorted(by_round)]
     st = r["stats"]
     assert st["wait_for_round"] and st["wait_unpublished"] == 0
