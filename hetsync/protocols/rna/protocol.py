@@ -203,6 +203,12 @@ class RNAProtocol(Protocol):
         return getattr(self.cfg, "stale_lr", "constant")
 
     @property
+    def wait_for_round(self):
+        """Whether a step waits for the round that takes its gradients (bool): the config's ``wait_for_round``;
+        False for a configuration without one (hierarchical RNA)."""
+        return bool(getattr(self.cfg, "wait_for_round", False))
+
+    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -216,7 +222,7 @@ class RNAProtocol(Protocol):
                              "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
-        if getattr(self.cfg, "wait_for_round", False) and self.update_rule != "samples":
+        if self.wait_for_round and self.update_rule != "samples":
             raise ValueError("RNA: wait_for_round=True needs update_rule='samples' (under the paper's rule a step "
                              "already applies its own gradient locally)")
         if self.stale_lr != "constant" and self.update_rule != "samples":
@@ -342,7 +348,7 @@ class RNAProtocol(Protocol):
         with tf.control_dependencies(recorded):
             dropped = ops.grad_cache_write(self._cache, grads, it)
         deps = [dropped]
-        if getattr(self.cfg, "wait_for_round", False):  # the round that takes this step's gradients, then read it
+        if self.wait_for_round:  # the round that takes this step's gradients, then read it
             with tf.control_dependencies([dropped]):
                 published, wait_ms = ops.grad_cache_wait_published(self._cache, it,
                                                                    world.dilated(self.cfg.wait_timeout_s) * 1e3)

@@ -52,7 +52,7 @@ def gather(proto, late):
         "contributors_unit": "gradients" if proto.update_rule == "samples" else "ranks",
         "staleness_histogram": hist,
         "stale_lr": proto.stale_lr,
-        "wait_for_round": bool(getattr(proto.cfg, "wait_for_round", False)),
+        "wait_for_round": proto.wait_for_round,
         # steps whose wait ended without their round (a timeout, or the rounds ended first)
         "wait_unpublished": sum(d["wait_unpublished"] for d in per_rank),
         "dropped_gradients": sum(d["dropped"] for d in per_rank),
