@@ -129,7 +129,7 @@ class Averaging:
         """The drift: the largest L2 distance ||x_r - mean|| of a rank's parameters from the mean (eager).
 
         Every rank calls it with its own flat parameters; ranks with ``active=False`` (e.g. RNA
-        ranks that finished) do not count. One :func:`hetsync.transport.allgather_object`.
+        ranks that finished) do not count. One :func:`hetsync.transport.allreduce_max` of a scalar.
 
         Args:
             values, mean: float arrays of the same shape (this rank's parameters, the mean over ranks).
@@ -139,7 +139,8 @@ class Averaging:
             float, max over active ranks (-1.0 if none is active).
         """
         dist = float(np.linalg.norm(np.asarray(values, np.float64) - np.asarray(mean, np.float64))) if active else -1.0
-        return float(max(transport.allgather_object(dist, name=name)))
+        # one fixed-shape collective, no pickling (a gathered object takes two collectives)
+        return float(transport.allreduce_max([tf.constant([dist], tf.float64)], name=name)[0].numpy()[0])
 
     def average_at_train_end(self, trainable=True):
         """Average the parameters over all ranks once, eagerly, when training ends.

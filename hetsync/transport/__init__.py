@@ -13,12 +13,13 @@ MPI itself is initialised (with thread support, the world shared with horovod) b
 :func:`hetsync.world.init`; apart from it, no module of hetsync outside this package imports mpi4py.
 
 """
-from hetsync.transport.collectives import allgather, allgather_object, allreduce_mean, allreduce_sum, broadcast_variables, max_abs_difference_across_ranks
+from hetsync.transport.collectives import (allgather, allgather_object, allreduce_max, allreduce_mean, allreduce_sum,
+                                          broadcast_variables, max_abs_difference_across_ranks)
 from hetsync.transport.endpoint import dispatcher, shutdown
 from hetsync.transport.p2p import Dispatcher, Message, TransportError, TransportTimeout
 
 __all__ = [
-    "allreduce_mean", "allreduce_sum", "allgather", "allgather_object", "broadcast_variables",
+    "allreduce_mean", "allreduce_sum", "allreduce_max", "allgather", "allgather_object", "broadcast_variables",
     "max_abs_difference_across_ranks", "Dispatcher", "Message", "TransportError", "TransportTimeout", "dispatcher",
     "shutdown",
 ]

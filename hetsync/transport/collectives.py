@@ -51,6 +51,26 @@ def allreduce_sum(tensors, name=None, compression="none"):
     return _grouped(tensors, "Sum", name, compression)
 
 
+def allreduce_max(tensors, name=None):
+    """Element-wise maximum of a list of tensors over all ranks in one grouped allreduce.
+
+    One collective of fixed shape, where gathering every rank's value (:func:`allgather`, two
+    negotiations for the variable first dimension; :func:`allgather_object`, pickling as well) costs
+    several times more: the drift measure runs it on the communication thread between rounds.
+
+    Args:
+        tensors: list of numeric tensors (any shapes), the same shapes on every rank.
+        name: optional op-name prefix (str), the same on every rank.
+
+    Returns:
+        list of tensors, same shapes and dtypes: element-wise maximum over ranks.
+
+    Raises:
+        RuntimeError: hetsync is not initialised.
+    """
+    return _grouped(tensors, "Max", name, "none")
+
+
 def _grouped(tensors, op, name, compression):
     hvd = _hvd()
     comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}.get(compression)

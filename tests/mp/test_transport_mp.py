@@ -55,5 +55,6 @@ def test_collectives_on_gloo_with_point_to_point_on_mpi(tmp_path):
     for r in rows:
         assert (r["size"], r["mode"], r["collectives"], r["gloo"], r["mpi_p2p"]) == (3, "mpi", "gloo", True, True)
         assert r["sum"] == 6.0  # 1 + 2 + 3
+        assert r["max"] == [3.0, 0.0]  # element-wise over ranks: max(r + 1), max(-r)
         assert r["ring"] == [{"from": (r["rank"] - 1) % 3, "i": i} for i in range(5)]
         assert r["weights_diff"] == 0.0

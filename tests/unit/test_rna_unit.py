@@ -21,8 +21,8 @@ def init():
     ({"max_staleness": -1}, "RNA: max_staleness must be an integer >= 0 (local iterations), got -1"),
     ({"average_every": 1.5}, "RNA: average_every must be None (by the update rule: 10 for the paper's, 0 for "
                              "samples) or an integer >= 0 (rounds), got 1.5"),
-    ({"drift_every": -1}, "RNA: drift_every must be None (average_every, or 20 without averaging) or an integer "
-                          ">= 0 (rounds), got -1"),
+    ({"drift_every": -1}, "RNA: drift_every must be None (average_every, else 20 for the paper's rule and 0 for "
+                          "samples) or an integer >= 0 (rounds), got -1"),
     ({"scale_lr": "yes"}, "RNA: scale_lr must be True or False, got 'yes'"),
     ({"timeout_s": 0}, "RNA: timeout_s must be a number > 0 (seconds), got 0"),
     ({"finish_timeout_s": -3}, "RNA: finish_timeout_s must be a number > 0 (seconds), got -3"),
@@ -118,7 +118,7 @@ def test_the_staleness_dependent_rate_records_each_steps_round_and_scales_by_the
 
 
 @pytest.mark.parametrize("rule, given, average, drift", [
-    ("paper", None, 10, 10), ("samples", None, 0, 20), ("samples", 3, 3, 3),
+    ("paper", None, 10, 10), ("samples", None, 0, 0), ("samples", 3, 3, 3),
     ("paper", 0, 0, 20)])
 def test_the_parameter_average_period_follows_the_update_rule_unless_given(rule, given, average, drift):
     opt = hetsync.RNA(keras.optimizers.SGD(0.1), update_rule=rule, average_every=given)

@@ -155,6 +155,12 @@ def test_allgather_object_in_a_world_of_one():
         transport.allgather_object(1, name="")
 
 
+def test_allreduce_max_in_a_world_of_one_returns_the_values():
+    out = transport.allreduce_max([np.array([2.5, -1.0]), np.array([[3.0]], np.float32)], name="t_max")
+    assert [o.numpy().tolist() for o in out] == [[2.5, -1.0], [[3.0]]]
+    assert out[1].dtype.name == "float32"
+
+
 def _imports(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
