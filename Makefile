@@ -19,16 +19,20 @@ LR_rna ?= 0.4
 ARGS_rna ?= --protocol-arg update_rule=samples --protocol-arg wait_for_round=true
 MNIST_DIR := ../shared/data/mnist-t10k
 # The MNIST files beside the repository when present (3 epochs), else scikit-learn's embedded digits (16 epochs).
+# TARGET: the highest test accuracy (0.01 steps) BSP reached within the first half of its run on each of seeds 6-8,
+# which the main job does not use (docs: first run): 0.9 on MNIST, 0.94 on the digits.
 ifneq ($(wildcard $(MNIST_DIR)/*idx*),)
 # the data location is a setting (HETSYNC_DATA_DIR) for the jobs, the benchmarks and the suite's MNIST cases
 export HETSYNC_DATA_DIR ?= $(abspath $(MNIST_DIR))
 DATA ?= --dataset mnist-idx --data-dir $(MNIST_DIR)
 EPOCHS ?= 3
 EVAL_EVERY ?= 8
+TARGET ?= 0.9
 else
 DATA ?= --dataset digits
 EPOCHS ?= 16
 EVAL_EVERY ?= 4
+TARGET ?= 0.94
 endif
 RUN_OUT ?= runs/main
 # the seed of the main job (initial weights, the stragglers' draws, the data order): `make run SEED=3`
@@ -63,7 +67,7 @@ run: deps
 	  echo "=== $(p): $(NP) ranks, --slowdown $(SLOWDOWN), seed $(SEED), lr $(or $(LR_$(p)),$(LR)) $(ARGS_$(p))"; \
 	  $(HOROVODRUN) --mpi -np $(NP) $(PY) examples/keras_digits.py --protocol $(p) --slowdown $(SLOWDOWN) \
 	    $(DATA) --model mlp --lr $(or $(LR_$(p)),$(LR)) $(ARGS_$(p)) --epochs $(EPOCHS) --eval-every $(EVAL_EVERY) \
-	    --target-accuracy 0.9 --seed $(SEED) --quiet --out $(RUN_OUT)/$(p);)
+	    --target-accuracy $(TARGET) --seed $(SEED) --quiet --out $(RUN_OUT)/$(p);)
 	$(PY) -m hetsync.bench.report $(RUN_OUT)
 
 # Benchmark suite (hetsync.bench): every registered protocol x scenarios x seeds, real horovodrun launches.

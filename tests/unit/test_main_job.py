@@ -45,3 +45,21 @@ def test_the_first_run_page_names_the_makefile_defaults():
         page = f.read()
     for name in ("LR", "LR_bsp"):
         assert re.search(rf"\| `{name}` \| {re.escape(_makefile_default(name))} \|", page), name
+
+
+def _targets(*assignments):
+    out = subprocess.run(["make", "-n", "-C", ROOT, "run", "PROTOCOLS=bsp", *assignments], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return re.findall(r"--(dataset \S+).*?--target-accuracy (\S+)", out)
+
+
+def test_the_target_follows_the_data_unless_given(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    # without the MNIST files the job runs the embedded digits to 0.94; a given TARGET wins
+    assert _targets(f"MNIST_DIR={tmp_path}", f"RUN_OUT={tmp_path}") == [("dataset digits", "0.94")]
+    assert _targets(f"MNIST_DIR={tmp_path}", f"RUN_OUT={tmp_path}", "TARGET=0.8") == [("dataset digits", "0.8")]
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
+    assert _targets(f"MNIST_DIR={tmp_path}", f"RUN_OUT={tmp_path / 'out'}") == [("dataset mnist-idx", "0.9")]
+    with open(os.path.join(ROOT, "docs", "guide", "first-run.md")) as f:
+        assert "| `TARGET` | 0.9 (MNIST) or 0.94 (digits) |" in f.read()
