@@ -3,8 +3,8 @@
     python tests/jobs/gloo_over_mpi_check.py OUT.json
 
 Only rank 0 sets ``HETSYNC_COLLECTIVES=gloo`` (as mpirun leaves a variable on the launching host unless told
-``-x``): every rank must follow rank 0. Then closed-form allreduces (sum, max) on horovod, a ring of tagged messages on
-the point-to-point dispatcher, and two epochs of BSP from different initial weights (equal weights after).
+``-x``): every rank must follow rank 0. Then closed-form allreduces (sum, max) on horovod, a ring of tagged
+messages on the point-to-point dispatcher, and two epochs of BSP from different initial weights (equal weights after).
 Rank 0 writes what every rank saw to OUT.
 """
 import json
@@ -27,7 +27,8 @@ rank, n = hetsync.rank(), hetsync.size()
 res = {"rank": rank, "size": n, "mode": hetsync.launch_mode(), "collectives": world.collectives(),
        "gloo": bool(hvd.gloo_enabled()), "mpi_p2p": world.mpi_enabled()}
 res["sum"] = float(transport.allreduce_sum([np.array([rank + 1.0], np.float32)], name="gloo_check_sum")[0][0])
-res["max"] = transport.allreduce_max([np.array([rank + 1.0, -rank], np.float64)], name="gloo_check_max")[0].numpy().tolist()
+res["max"] = transport.allreduce_max([np.array([rank + 1.0, -rank], np.float64)],
+                                    name="gloo_check_max")[0].numpy().tolist()
 p2p = transport.dispatcher()
 for i in range(5):
     p2p.send((rank + 1) % n, "ring", {"from": rank, "i": i}, tag=i)
