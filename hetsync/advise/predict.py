@@ -2,18 +2,20 @@
 
 TF-free: used by ``python -m hetsync.advise --predict`` (no probe) and by the probe's rank 0 once it has
 measured the cluster. Each protocol is simulated (:func:`hetsync.sim.registry.simulate`) on the same drawn
-step times and network model; its time to target relative to BSP is ``SE_p * S_p / S_BSP`` (> 1 is faster;
-:func:`hetsync.sim.target.speedup_vs_bsp`), where SE_p is the protocol's statistical efficiency measured in
-the recorded benchmarks (1.0, flagged, where none was measured). Each protocol is simulated with its own host
-time per step: BSP's (``--host-ms``, what a BSP probe measures) times the protocol's measured share
-(:data:`HOST_SHARE`). Where the training set's size and BSP's epochs to target are given, a protocol that adapts
-after its first epoch (task allocation) is judged over the samples it needs, its first epoch at its initial
-rate (:func:`horizon_rate`), not at its steady state alone. The first of the ranking is recommended,
-with the reasons the simulation gives (how long BSP's ranks wait, the network's share of a BSP step, how
+step times and network model; its time to target relative to BSP is ``SE_p * S_p / S_BSP`` (> 1 is faster),
+where SE_p is the protocol's statistical efficiency measured in the calibrated scenario nearest to the cluster
+by the predicted throughputs (:mod:`hetsync.advise.kinds`), or else in the recorded benchmarks
+(:func:`hetsync.sim.target.lookup`; the lowest measured value, flagged, where none was measured). Each protocol
+is simulated with its own host time per step: BSP's (``--host-ms``, what a BSP probe measures) times the
+protocol's measured share (:data:`HOST_SHARE`). Where the training set's size and BSP's epochs to target are
+given, a protocol that adapts after its first epoch (task allocation) is judged over the samples it needs, its
+first epoch at its initial rate (:func:`horizon_rate`), not at its steady state alone. The first of the ranking
+is recommended, with the reasons the simulation gives (how long BSP's ranks wait, the network's share of a BSP step, how
 many ranks a partial round carries).
 """
 import dataclasses
 
+from hetsync.advise import kinds as _kinds
 from hetsync.sim import network as _network
 from hetsync.sim import registry as _registry
 from hetsync.sim import target as _target
@@ -186,8 +188,14 @@ def first_choice(rows, order=DEFAULT_PROTOCOLS):
     return min(ties, key=lambda row: rank.get(row["protocol"], len(rank)))
 
 
-def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed_shares=False, host_shares=None):
+def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed_shares=False, host_shares=None,
+            kinds=None, exclude_kinds=()):
     """Simulate each protocol and rank them by predicted time to target relative to BSP.
+
+    Each protocol's statistical efficiency comes from the calibrated scenario nearest to this cluster by the
+    predicted steady throughputs (:func:`hetsync.advise.kinds.nearest`), where one shares at least
+    :data:`hetsync.advise.kinds.MIN_SHARED` protocols with the prediction and calibrated that protocol; otherwise
+    from the per-protocol table (:func:`hetsync.sim.target.lookup`).
 
     Args:
         inputs: :class:`Inputs`.
@@ -201,13 +209,18 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed
             for local SGD and FedAvg, whose models have the plan.
         host_shares: dict like :data:`HOST_SHARE` (default :data:`HOST_SHARE`): each protocol is simulated with
             ``inputs.work.host_ms`` (BSP's host time per step) times its share (:func:`host_share`).
+        kinds: dict like :data:`hetsync.advise.kinds.KINDS` (default that; ``{}``: the per-protocol table only).
+        exclude_kinds: iterable of calibrated scenario names not to take the efficiencies from (the advisor check
+            judges each scenario with its own calibration left out).
 
     Returns:
         list of dicts, best first: ``protocol``, ``samples_per_s`` (float: the steady state, or the rate over
         the samples to target where ``inputs`` set a horizon and the protocol adapts after its first epoch),
         ``samples_per_s_vs_bsp`` (float),
+        ``steady_vs_bsp`` (float, the steady samples/s over BSP's: the fingerprint of the cluster),
         ``time_to_target_vs_bsp`` (float, > 1 is faster), ``statistical_efficiency`` (float), ``se_source``
-        (str: ``"measured"``, ``"measured at N ranks"`` where the table has that world size's own cells,
+        (str: ``"scenario <name> at N ranks"`` where a calibrated scenario gave it, else ``"measured"``,
+        ``"measured at N ranks"`` where the table has that world size's own cells,
         ``"reference"``, ``"as <family>"`` or ``"assumed (lowest measured)"``: :func:`hetsync.sim.target.lookup`),
         ``config`` (dict), ``contributors_per_round``, ``staleness_mean``, ``wait_share`` (float in [0, 1]:
         the workers' mean blocked time over the simulated time), ``workers`` (int).
@@ -233,19 +246,27 @@ def predict(inputs, protocols=DEFAULT_PROTOCOLS, configs=None, table=None, fixed
             work = dataclasses.replace(work, host_ms=work.host_ms * host_share(p, n, host_shares))
         results[p] = (_registry.simulate(p, inputs.times, _net_for(inputs, p), work, **cfg), cfg)
     bsp = results["bsp"][0].samples_per_s
+    steady = {}
+    for p, (r, cfg) in results.items():
+        steady[p] = r.samples_per_s
+        if fixed_shares and p in FREE_RUNNING and r.steps and sum(r.steps):
+            steady[p] *= min(r.steps) / (sum(r.steps) / len(r.steps))
+    kind = _kinds.nearest({p: v / bsp for p, v in steady.items() if v > 0}, n, kinds, exclude_kinds)
     rows = []
     for p, (r, cfg) in results.items():
-        rate = r.samples_per_s
-        if fixed_shares and p in FREE_RUNNING and r.steps and sum(r.steps):
-            rate *= min(r.steps) / (sum(r.steps) / len(r.steps))
+        rate = steady[p]
+        if kind is not None and p != "bsp" and p in kind[2]["se"]:
+            se, source = kind[2]["se"][p], f"scenario {kind[0]} at {kind[1]} ranks"
+        else:
+            se, source = _target.lookup(p, table, n)
         first = r.extra.get("first_epoch_samples_per_s")
-        if first and inputs.samples_per_epoch and inputs.epochs_to_target:
-            se0, _ = _target.lookup(p, table, n)
-            need = inputs.epochs_to_target * inputs.samples_per_epoch / se0
+        if first and inputs.samples_per_epoch and inputs.epochs_to_target and se > 0:
+            need = inputs.epochs_to_target * inputs.samples_per_epoch / se
             rate = horizon_rate(rate, first, inputs.samples_per_epoch, need)
-        speed, se, source = _target.speedup_vs_bsp(p, rate, bsp, table, n)
+        speed = se * rate / bsp
         wait = sum(r.wait_s) / max(len(r.wait_s), 1) / r.duration_s if r.duration_s else 0.0
         rows.append({"protocol": p, "samples_per_s": rate, "samples_per_s_vs_bsp": rate / bsp,
+                     "steady_vs_bsp": steady[p] / bsp,
                      "time_to_target_vs_bsp": speed, "statistical_efficiency": se, "se_source": source,
                      "config": cfg, "contributors_per_round": r.contributors_per_round,
                      "staleness_mean": r.staleness_mean, "wait_share": wait, "workers": r.workers,
@@ -281,9 +302,15 @@ def recommend(rows, inputs):
                           if first["contributors_per_round"] is not None and first["protocol"] in ("rna", "rnah")
                           else ""))
     src = first["se_source"]
-    reasons.append(f"statistical efficiency {first['statistical_efficiency']:.2f} ("
-                   + ("measured in the recorded benchmarks" if src in ("measured", "reference") else
-                      f"not measured for {first['protocol']}: {src}") + ")")
+    if src.startswith("scenario "):
+        name, _, size = src[len("scenario "):].partition(" at ")
+        how = (f"measured in the calibrated scenario {name!r} at {size}, the nearest to this cluster by the "
+               "predicted throughputs")
+    elif src.startswith("measured") or src == "reference":
+        how = "measured in the recorded benchmarks"
+    else:
+        how = f"not measured for {first['protocol']}: {src}"
+    reasons.append(f"statistical efficiency {first['statistical_efficiency']:.2f} ({how})")
     return {"protocol": first["protocol"], "config": first["config"],
             "time_to_target_vs_bsp": first["time_to_target_vs_bsp"], "reasons": reasons}
 

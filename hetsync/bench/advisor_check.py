@@ -16,7 +16,10 @@ The advisor's *first choice* is what ``python -m hetsync.advise --predict --scen
 protocols, ``--samples-per-epoch`` the training set's size and ``--epochs-to-target`` E. H, BSP's host work per
 step outside the device time (:func:`hetsync.bench.validate.calibrate_host_ms`), and E, BSP's samples to target
 over the training set's size, come from a separate BSP probe run (the check's epochs and evaluation on
-``device:40`` under another seed): the prediction never sees the runs it is checked against. The check
+``device:40`` under another seed): the prediction never sees the runs it is checked against. The statistical
+efficiencies come from the calibrated scenario nearest to the judged one by the predicted throughputs, its own
+calibration left out (:mod:`hetsync.advise.kinds`: judged as on a cluster the advisor was not calibrated on). The
+check
 (:func:`verdict`) passes a scenario when the
 choice's median time to target is within :data:`WITHIN` (10%) of the best's, and fails it outright when the
 choice is BSP and another protocol reached the target :data:`BSP_RULE` (1.5) times sooner.
@@ -115,7 +118,7 @@ def verdict(medians, choice, within=WITHIN, bsp_rule=BSP_RULE):
             "ok": bool(reached and ratio <= 1.0 + within and not broken), "reached": reached}
 
 
-def advisor_choice(spec, n, host_ms, protocols, samples_per_epoch=None, epochs_to_target=None):
+def advisor_choice(spec, n, host_ms, protocols, samples_per_epoch=None, epochs_to_target=None, exclude=()):
     """The advisor's ranking for a scenario, as ``python -m hetsync.advise --predict`` makes it.
 
     Args:
@@ -123,6 +126,8 @@ def advisor_choice(spec, n, host_ms, protocols, samples_per_epoch=None, epochs_t
         protocols: sequence of protocol names to rank (BSP is always among them).
         samples_per_epoch: int or None, the training set's samples. epochs_to_target: float or None, BSP's
             epochs to the target (``--samples-per-epoch`` and ``--epochs-to-target``).
+        exclude: iterable of calibrated scenario names the statistical efficiencies may not come from
+            (:mod:`hetsync.advise.kinds`; the check leaves the judged scenario's own calibration out).
 
     Returns:
         list of :func:`hetsync.advise.predict.predict` rows, the first choice first.
@@ -134,7 +139,7 @@ def advisor_choice(spec, n, host_ms, protocols, samples_per_epoch=None, epochs_t
 
     inputs = _predict.inputs_from_args(spec, n, host_ms=host_ms, samples_per_epoch=samples_per_epoch,
                                        epochs_to_target=epochs_to_target)
-    return _predict.predict(inputs, tuple(protocols))
+    return _predict.predict(inputs, tuple(protocols), exclude_kinds=tuple(exclude))
 
 
 def _finite(obj):
@@ -320,12 +325,12 @@ def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch
             rates[proto] = statistics.median(x for x in speeds if x) if any(speeds) else None
     if set(medians) != set(protocols):
         return None, runs
-    rows = advisor_choice(spec, n, host_ms, protocols, samples_per_epoch, epochs_to_target)
+    rows = advisor_choice(spec, n, host_ms, protocols, samples_per_epoch, epochs_to_target, exclude=(sname,))
     choice = rows[0]["protocol"]
     return {"scenario": sname, "spec": spec, "protocols": list(protocols), "medians": medians, "samples": samples,
             "samples_per_s": rates, "choice": choice, "predicted": rows[0]["time_to_target_vs_bsp"],
             "ranking": [{k: r[k] for k in ("protocol", "time_to_target_vs_bsp", "samples_per_s_vs_bsp",
-                                           "statistical_efficiency")} for r in rows],
+                                           "statistical_efficiency", "se_source")} for r in rows],
             "verdict": verdict(medians, choice), "overrun_max": overrun, "overrun_runs": over_runs,
             "seeds": len(seeds)}, runs
 
