@@ -165,7 +165,8 @@ def table(scenarios):
             ``medians`` (protocol -> seconds), ``samples`` (protocol -> median samples to target or None),
             ``choice``, ``predicted`` (the choice's predicted time-to-target speed-up over BSP), ``verdict``
             (:func:`verdict`), ``overrun_max`` (float), ``overrun_runs`` (int runs with 1% or more overrun steps),
-            ``seeds`` (int runs per protocol).
+            ``seeds`` (int runs per protocol), ``seed_list`` (optional list of int: the seeds judged; a scenario
+            with fewer seeds than the others is named under the tables).
 
     Returns:
         (str, str).
@@ -199,6 +200,12 @@ def table(scenarios):
                                                                      f"{k[p] / 1e3:.1f}k") for p in protos]])
     text += ("\n\nMedian samples to target (all ranks' samples up to the first evaluation at or above the target):\n\n"
              + tabulate(kbody, headers=["scenario", *protos], tablefmt="github", disable_numparse=True))
+    most = max((s["seeds"] for s in scenarios), default=0)
+    fewer = [f"{s['scenario']} (seeds {', '.join(map(str, s['seed_list']))})" for s in scenarios
+             if s["seeds"] < most and s.get("seed_list")]
+    if fewer:
+        text += ("\n\nJudged over fewer seeds than the others (a sitting stopped before their runs were all there): "
+                 + ", ".join(fewer) + ".")
     ok = sum(1 for s in scenarios if s["verdict"]["ok"])
     broken = sum(1 for s in scenarios if s["verdict"]["bsp_rule_broken"])
     summary = (f"the advisor's first choice was within {WITHIN * 100:.0f}% of the measured best median time to target "
@@ -295,10 +302,11 @@ def recorded_runs(path, args, dilation, dataset):
 
 def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch=None, epochs_to_target=None,
                      dilation=1.0, recorded=None):
+    # a scenario is judged over its complete seeds (every protocol has that seed's run): a sitting stopped by the
+    # time cap keeps the seeds it finished in the document instead of dropping the scenario (and its cells)
     spec = _validate.scenario_spec(sname, n)
-    runs, medians, samples, rates, overrun, over_runs = [], {}, {}, {}, 0.0, 0
+    runs, found, overrun, over_runs = [], {}, 0.0, 0
     for proto in protocols:
-        times, counts, speeds = [], [], []
         for seed in seeds:
             path = os.path.join(out, "runs", _np_dir(n, dilation), sname, proto, f"seed{seed}", "summary.json")
             if os.path.exists(path):
@@ -308,23 +316,26 @@ def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch
                 summ = recorded[(sname, proto, seed)]
             else:
                 continue
-            times.append(summ.get("time_to_target_s"))
-            counts.append(summ.get("samples_to_target"))
-            speeds.append(summ.get("samples_per_s"))
-            overrun = max(overrun, summ.get("overrun_fraction") or 0.0)
-            over_runs += (summ.get("overrun_fraction") or 0.0) >= 0.01
-            runs.append({"protocol": proto, "seed": seed, "time_to_target_s": times[-1],
-                         "samples_to_target": counts[-1],
+            found[(proto, seed)] = summ
+            runs.append({"protocol": proto, "seed": seed, "time_to_target_s": summ.get("time_to_target_s"),
+                         "samples_to_target": summ.get("samples_to_target"),
                          "fit_wall_s": summ.get("fit_wall_s"), "samples_per_s": summ.get("samples_per_s"),
                          "final_test_accuracy": summ.get("final_test_accuracy"),
                          "time_to_target_resolution_s": summ.get("time_to_target_resolution_s"),
                          "overrun_fraction": summ.get("overrun_fraction")})
-        if len(times) == len(seeds):
-            medians[proto] = median_time(times)
-            samples[proto] = median_time(counts)
-            rates[proto] = statistics.median(x for x in speeds if x) if any(speeds) else None
-    if set(medians) != set(protocols):
+    complete = [seed for seed in seeds if all((proto, seed) in found for proto in protocols)]
+    if not complete:
         return None, runs
+    medians, samples, rates = {}, {}, {}
+    for proto in protocols:
+        summs = [found[(proto, seed)] for seed in complete]
+        for summ in summs:
+            overrun = max(overrun, summ.get("overrun_fraction") or 0.0)
+            over_runs += (summ.get("overrun_fraction") or 0.0) >= 0.01
+        medians[proto] = median_time([x.get("time_to_target_s") for x in summs])
+        samples[proto] = median_time([x.get("samples_to_target") for x in summs])
+        speeds = [x.get("samples_per_s") for x in summs if x.get("samples_per_s")]
+        rates[proto] = statistics.median(speeds) if speeds else None
     rows = advisor_choice(spec, n, host_ms, protocols, samples_per_epoch, epochs_to_target, exclude=(sname,))
     choice = rows[0]["protocol"]
     return {"scenario": sname, "spec": spec, "protocols": list(protocols), "medians": medians, "samples": samples,
@@ -332,7 +343,7 @@ def _scenario_result(out, n, sname, protocols, seeds, host_ms, samples_per_epoch
             "ranking": [{k: r[k] for k in ("protocol", "time_to_target_vs_bsp", "samples_per_s_vs_bsp",
                                            "statistical_efficiency", "se_source")} for r in rows],
             "verdict": verdict(medians, choice), "overrun_max": overrun, "overrun_runs": over_runs,
-            "seeds": len(seeds)}, runs
+            "seeds": len(complete), "seed_list": complete}, runs
 
 
 def main(argv=None):
@@ -441,8 +452,12 @@ def main(argv=None):
                                      dilation=dil, recorded=recorded)
         all_runs += [{"scenario": sname, **r} for r in runs]
         if res is None:
-            print(f"{sname}: not every run is there (time cap or failure); left out of the verdict", file=sys.stderr)
+            print(f"{sname}: no seed has every protocol's run (time cap or failure); left out of the verdict",
+                  file=sys.stderr)
             continue
+        if res["seeds"] < len(args.seeds):
+            print(f"{sname}: judged over seeds {', '.join(map(str, res['seed_list']))} only (the others' runs are "
+                  "not all there: time cap or failure)", file=sys.stderr)
         results.append(res)
         print(f"{sname}: advisor chose {res['choice']}, measured best {res['verdict']['best']} "
               f"(choice / best {res['verdict']['ratio']:.2f})", flush=True)

@@ -55,7 +55,10 @@ def _offline(monkeypatch):
     from hetsync.advise import predict
     from hetsync.sim import target
 
+    from hetsync.advise import kinds
+
     monkeypatch.setattr(target, "TABLE", {"fedavg": {"se": 0.99, "cells": []}})
+    monkeypatch.setattr(kinds, "KINDS", {})
     monkeypatch.setattr(predict, "HOST_SHARE", {})
 
 
@@ -192,3 +195,31 @@ def test_a_check_resumes_from_its_document_when_the_run_folders_are_gone(tmp_pat
     with pytest.raises(SystemExit):
         advisor_check.main(["--out", str(again), "--np", "2", "--epochs", "8", "--resume-doc", str(recorded)])
     assert "epochs = 4, this check runs 8" in capsys.readouterr().err
+
+
+def test_a_stopped_sitting_keeps_the_complete_seeds_of_a_scenario(tmp_path, monkeypatch, capsys):
+    _offline(monkeypatch)
+    out = tmp_path / "c"
+    _write_probe(out / "probes" / "np2" / "bsp-target", 0.045, 40.0)
+    # homogeneous: every seed; random: seed 3 has BSP's run only (the time cap stopped the sitting there)
+    runs = {("homogeneous", "bsp"): (10.0, 11.0, 12.0), ("homogeneous", "fedavg"): (10.5, 11.5, 12.5),
+            ("random", "bsp"): (40.0, 42.0, 44.0), ("random", "fedavg"): (20.0, 22.0)}
+    for (scen, proto), ts in runs.items():
+        for seed, t in zip((1, 2, 3), ts):
+            run = out / "runs" / "np2" / scen / proto / f"seed{seed}"
+            os.makedirs(run)
+            (run / "summary.json").write_text(json.dumps(_summary(t, int(t * 100))))
+    assert advisor_check.main(["--out", str(out), "--np", "2", "--scenarios", "homogeneous,random",
+                               "--protocols", "bsp,fedavg", "--seeds", "1", "2", "3",
+                               "--time-cap-min", "0"]) == 0
+    doc = json.loads((out / "advisor_check.json").read_text())
+    by = {s["scenario"]: s for s in doc["scenarios"]}
+    assert by["homogeneous"]["seed_list"] == [1, 2, 3] and by["homogeneous"]["medians"]["bsp"] == 11.0
+    assert by["random"]["seed_list"] == [1, 2] and by["random"]["seeds"] == 2
+    assert by["random"]["medians"] == {"bsp": 41.0, "fedavg": 21.0}  # seed 3's BSP run is not in the median
+    assert by["random"]["samples"] == {"bsp": 4100.0, "fedavg": 2100.0}
+    assert len(doc["runs"]) == 11  # every run is kept for the next sitting
+    assert {r["cell"] for r in doc["rows"]} == {"np2:digits/device:40[check]", "np2:digits/device:40+random:6[check]"}
+    captured = capsys.readouterr()
+    assert "random: judged over seeds 1, 2 only" in captured.err
+    assert "Judged over fewer seeds than the others" in captured.out and "random (seeds 1, 2)" in captured.out
