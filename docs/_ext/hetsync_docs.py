@@ -144,7 +144,8 @@ class MeasuredChoice(SphinxDirective):
 
 
 class BenchRuns(SphinxDirective):
-    """``bench-runs``: each preset's last generated run: date, launches, minutes, command."""
+    """``bench-runs``: each preset's last generated run: date, launches (and how many were kept from earlier
+    invocations by ``--resume``), minutes of the last invocation, command."""
 
     has_content = False
 
@@ -152,8 +153,10 @@ class BenchRuns(SphinxDirective):
         summaries = _summaries(self.env)
         if not summaries:
             return [nodes.paragraph(text="No benchmark summary under docs/results/ yet.")]
-        rows = [[nodes.literal(text=s["preset"]), s["date_utc"], str(s["launches"]), f"{s['wall_s'] / 60:.1f}",
-                 nodes.literal(text=s["command"])] for s in summaries]
+        # a resumed run's minutes are its last invocation's: say how many launches it kept from earlier ones
+        rows = [[nodes.literal(text=s["preset"]), s["date_utc"],
+                 str(s["launches"]) + (f" ({s['resumed']} kept from earlier invocations)" if s.get("resumed") else ""),
+                 f"{s['wall_s'] / 60:.1f}", nodes.literal(text=s["command"])] for s in summaries]
         return [_table(["preset", "run on", "launches", "minutes", "command"], rows)]
 
 
