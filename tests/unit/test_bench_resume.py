@@ -1,7 +1,7 @@
 """A benchmark matrix resumed from its own document (hetsync.bench.record, ``hetsync-bench --resume``) and cut by
-a time cap, without launches: the runs it records are kept and not launched again, the solo speeds and cluster
-calibrations are reused, the summary under docs/results/ is itself a document to resume from, and a document of
-another preset is refused."""
+a time cap, without launches: the runs it records are kept and not launched again (also those a filtered sitting
+leaves out), the solo speeds and cluster calibrations are reused, the summary under docs/results/ is itself a
+document to resume from, and a document of another preset is refused."""
 import json
 import types
 
@@ -84,3 +84,22 @@ def test_a_document_of_another_preset_or_without_runs_is_refused(tmp_path):
     path.write_text("{")
     with pytest.raises(ValueError, match="not a JSON document"):
         record.load_resume(str(path), "cluster")
+
+
+def test_a_filtered_sitting_keeps_the_resumed_runs_of_the_protocols_it_leaves_out(monkeypatch, tmp_path):
+    calls = _fake(monkeypatch)
+    matrix.run_matrix(_preset(), ["bsp", "rna", "hop"], str(tmp_path / "a"), progress=False, log=lambda m: None)
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    doc["runs"] = [r for r in doc["runs"] if not (r["seed"] == 1 and r["protocol"] == "rna")]
+    (tmp_path / "a" / "results.json").write_text(json.dumps(doc))
+    calls["runs"].clear()
+    again = matrix.run_matrix(_preset(), ["bsp", "rna"], str(tmp_path / "b"), progress=False, log=lambda m: None,
+                              resume=record.load_resume(str(tmp_path / "a" / "results.json"), "t"))
+    assert calls["runs"] == [(1, "rna")]  # only the missing run of a planned protocol is launched
+    assert again["resumed"] == 5 and sorted((r["seed"], r["protocol"]) for r in again["runs"]) == [
+        (0, "bsp"), (0, "hop"), (0, "rna"), (1, "bsp"), (1, "hop"), (1, "rna")]
+    assert again["protocols"] == ["bsp", "rna", "hop"]
+    written = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert {(r["seed"], r["protocol"]) for r in written["runs"]} >= {(0, "hop"), (1, "hop")}
+    hop = {r["seed"]: r["speedup_time_to_target"] for r in again["runs"] if r["protocol"] == "hop"}
+    assert hop[1] == pytest.approx(1.0)  # still put against BSP of its seed and cell
