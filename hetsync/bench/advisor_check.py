@@ -239,14 +239,18 @@ def benchmark_rows(scenarios, n, dataset):
     return rows
 
 
-def doc_names(n):
+def doc_names(n, fresh=False):
     """The documents of a check of ``n`` ranks (int): ``(check JSON, calibration JSON, (BEGIN, END) of the check's
-    table, (BEGIN, END) of the calibration's)``; 4 ranks, the default, keeps the plain names."""
+    table, (BEGIN, END) of the calibration's)``; 4 ranks, the default, keeps the plain names. ``fresh`` (bool): the
+    check on seeds never read while the advisor was built (``--fresh``), whose document and table are apart from
+    the check's: ``advisor_check_fresh[_npN].json``."""
+    begin, end = (BEGIN, END) if not fresh else (BEGIN.replace(" -->", " fresh -->"), END.replace(" -->", " fresh -->"))
+    check = "advisor_check_fresh" if fresh else "advisor_check"
     if n == 4:
-        return "advisor_check.json", "advisor_calibration.json", (BEGIN, END), (CAL_BEGIN, CAL_END)
+        return f"{check}.json", "advisor_calibration.json", (begin, end), (CAL_BEGIN, CAL_END)
     tag = f" np{n} -->"
-    return (f"advisor_check_np{n}.json", f"advisor_calibration_np{n}.json",
-            (BEGIN.replace(" -->", tag), END.replace(" -->", tag)),
+    return (f"{check}_np{n}.json", f"advisor_calibration_np{n}.json",
+            (begin.replace(" -->", tag), end.replace(" -->", tag)),
             (CAL_BEGIN.replace(" -->", tag), CAL_END.replace(" -->", tag)))
 
 
@@ -381,6 +385,9 @@ def main(argv=None):
     p.add_argument("--update-docs", action="store_true", help="write docs/simulator/advisor_check.json and the table "
                    "of docs/simulator.md")
     p.add_argument("--docs-dir", default="docs", help="the documentation folder (--update-docs)")
+    p.add_argument("--fresh", action="store_true", help="these seeds were never read while the advisor was built: "
+                   "--update-docs writes docs/simulator/advisor_check_fresh.json (advisor_check_fresh_npN.json) and "
+                   "its own table, beside the check's")
     p.add_argument("--calibration", action="store_true", help="these seeds calibrate the advisor (its statistical "
                    "efficiencies are rebuilt from their samples to target): --update-docs writes "
                    "docs/simulator/advisor_calibration.json and the calibration table instead of the check's")
@@ -398,6 +405,8 @@ def main(argv=None):
         p.error(f"--target must be in (0, 1], got {args.target}")
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds lists a seed twice: {args.seeds}")
+    if args.fresh and args.calibration:
+        p.error("--fresh and --calibration exclude each other: calibration seeds are read to build the advisor")
     try:
         dil = parse_dilation(args.dilation, "--dilation")
     except ValueError as exc:
@@ -488,13 +497,17 @@ def main(argv=None):
                 + f"` from the BSP probe): {summary}.\n\n"
                 "Median time to target in seconds over the seeds; `*` the advisor's choice, `<` the measured best.\n\n"
                 + text)
-        check_json, cal_json, (begin, end), (cal_begin, cal_end) = doc_names(args.np)
+        check_json, cal_json, (begin, end), (cal_begin, cal_end) = doc_names(args.np, fresh=args.fresh)
         ranks = "" if args.np == 4 else f", {args.np} ranks"
         if args.calibration:
             _validate.write_docs(args.docs_dir, cal_json, _finite(doc), cal_begin, cal_end,
                                  "The calibration runs (their samples to target give the advisor's statistical "
                                  "efficiencies; the check reports other seeds). " + body,
                                  "### The runs that calibrate the advisor" + ranks)
+        elif args.fresh:
+            _validate.write_docs(args.docs_dir, check_json, _finite(doc), begin, end,
+                                 "On seeds never read while the advisor's rule was chosen. " + body,
+                                 "### The advisor on fresh seeds" + ranks)
         else:
             _validate.write_docs(args.docs_dir, check_json, _finite(doc), begin, end, body,
                                  "### Does the advisor choose well?" + ranks)

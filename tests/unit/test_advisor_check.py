@@ -148,6 +148,18 @@ def test_a_dilated_check_reads_its_own_folders_divides_host_time_by_d_and_writes
     _, _, (begin, end), _ = advisor_check.doc_names(8)
     assert begin == "<!-- BEGIN generated: advisor check np8 -->" and begin in page and end in page
     assert "### Does the advisor choose well?, 8 ranks" in page and "(8 ranks at time dilation 3," in page
+    # the same runs judged as a check on fresh seeds: its own document and table, the check's left as they were
+    rc = advisor_check.main(["--out", str(out), "--np", "8", "--dilation", "3", "--scenarios", "random",
+                             "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs), "--fresh"])
+    assert rc == 0
+    fresh = json.loads((docs / "simulator" / "advisor_check_fresh_np8.json").read_text())
+    assert fresh["scenarios"] == doc["scenarios"]
+    assert json.loads((docs / "simulator" / "advisor_check_np8.json").read_text()) == doc
+    after = (docs / "simulator.md").read_text()
+    _, _, (fbegin, fend), _ = advisor_check.doc_names(8, fresh=True)
+    assert fbegin == "<!-- BEGIN generated: advisor check fresh np8 -->" and fbegin in after and fend in after
+    assert after.startswith(page) and "### The advisor on fresh seeds, 8 ranks" in after
+    assert advisor_check.doc_names(4, fresh=True)[0] == "advisor_check_fresh.json"
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -155,7 +167,8 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, monkeypatch, c
     for argv, message in ((["--np", "1"], "at least 2 ranks"), (["--scenarios", "nowhere"], "unknown scenario"),
                           (["--protocols", "ssp"], "not checked"), (["--protocols", "rna,hop"], "must include bsp"),
                           (["--target", "1.5"], "(0, 1]"), (["--seeds", "1", "1"], "a seed twice"),
-                          (["--epochs", "0"], ">= 1"), (["--dilation", "0.5"], "--dilation")):
+                          (["--epochs", "0"], ">= 1"), (["--dilation", "0.5"], "--dilation"),
+                          (["--fresh", "--calibration"], "exclude each other")):
         with pytest.raises(SystemExit):
             advisor_check.main(["--out", str(tmp_path), *argv])
         assert message in capsys.readouterr().err
