@@ -157,8 +157,7 @@ def _net_for(inputs, protocol):
         base = inputs.net
         slots = list(base.slots) + [1] * inputs.servers
         rates = list(base.link_bytes_per_s) + [max(base.link_bytes_per_s)] * inputs.servers
-        return _network.Network(tuple(slots), tuple(rates), base.alpha_s, base.local_alpha_s, base.local_bytes_per_s,
-                                base.overhead_s, base.p2p_efficiency) if n != base.size else base
+        return dataclasses.replace(base, slots=tuple(slots), link_bytes_per_s=tuple(rates)) if n != base.size else base
     return inputs.net
 
 

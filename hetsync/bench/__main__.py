@@ -188,7 +188,7 @@ def main(argv=None):
     if args.report_from:
         with open(os.path.join(args.report_from, "results.json")) as f:
             results = json.load(f)
-        matrix.reanalyse(results, args.report_from)
+        matrix.reanalyse(results, args.report_from, preset)
         return _report(args, results, args.report_from, results.get("micro"), preset)
     if not args.no_micro:
         from hetsync.bench import micro as _micro

@@ -48,7 +48,7 @@ MIN_POINTS = 3
 #: messages of at most this many bytes give the fixed cost (their time is latency and negotiation, not bytes).
 SMALL_BYTES = 1024
 #: protocol arguments that change what is learnt, not when messages go (left out of the simulator's configuration).
-NOT_TIMING = ("lr", "update_rule", "data_plan", "timeout_s", "scale_lr", "momentum_correction")
+NOT_TIMING = ("lr", "data_plan", "timeout_s", "scale_lr", "momentum_correction", "stale_lr")
 
 
 def sizes_up_to(max_bytes):
@@ -130,8 +130,10 @@ def fit_measurements(points, world_size):
 
     Returns:
         dict: ``allreduce`` and ``p2p`` (:func:`fit_line`'s dicts; ``p2p`` None without point-to-point times),
-        ``alpha_s``, ``overhead_s``, ``ring_bytes_per_s`` and ``p2p_bytes_per_s`` (None without them): wall
-        figures of the dilated cluster.
+        ``alpha_s`` (a point-to-point message's latency: the ``p2p`` intercept), ``collective_alpha_s`` (one ring
+        step's latency: at most the allreduce's intercept over 2 (p - 1), so the model's allreduce over the p
+        ranks has the measured intercept), ``overhead_s`` (what is left of the allreduce's intercept),
+        ``ring_bytes_per_s`` and ``p2p_bytes_per_s`` (None without them): wall figures of the dilated cluster.
 
     Raises:
         ValueError: too few points, or a fit that fails (:func:`fit_line`); a world size below 2.
@@ -143,8 +145,11 @@ def fit_measurements(points, world_size):
     pp = [q for q in points if q.get("p2p_s")]
     p2p = fit_line([q["bytes"] for q in pp], [q["p2p_s"] for q in pp]) if len(pp) >= MIN_POINTS else None
     alpha = max(p2p["c0_s"], 0.0) if p2p else 0.0
-    return {"allreduce": ar, "p2p": p2p, "alpha_s": alpha,
-            "overhead_s": max(ar["c0_s"] - 2 * (p - 1) * alpha, 0.0),
+    # the collective's intercept bounds its per-step latency: a point-to-point message through the application's
+    # transport (pickled, a receive thread) can cost more than a whole small allreduce
+    coll_alpha = min(alpha, max(ar["c0_s"], 0.0) / (2 * (p - 1))) if p2p else 0.0
+    return {"allreduce": ar, "p2p": p2p, "alpha_s": alpha, "collective_alpha_s": coll_alpha,
+            "overhead_s": max(ar["c0_s"] - 2 * (p - 1) * coll_alpha, 0.0),
             "ring_bytes_per_s": 2.0 * (p - 1) / (p * ar["c1_s_per_byte"]),
             "p2p_bytes_per_s": (1.0 / p2p["c1_s_per_byte"]) if p2p else None}
 
@@ -160,10 +165,11 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
         dilation: float D >= 1 of the microbenchmark.
 
     Returns:
-        Network: alpha and overhead divided by D; the links at the faster of the two measured rates (the ring's
-        beta and the point-to-point B), each host's its set rate scaled so that the slowest edge carries that rate
-        (times D: the emulated cluster's time); ``collective_efficiency`` beta over it and ``p2p_efficiency`` B over
-        it (both at most 1; B = beta without point-to-point times), so the model gives both measured rates.
+        Network: alpha, the collective's alpha (``collective_alpha_s``; alpha for a fit without it) and the
+        overhead divided by D; the links at the faster of the two measured rates (the ring's beta and the
+        point-to-point B), each host's its set rate scaled so that the slowest edge carries that rate (times D: the
+        emulated cluster's time); ``collective_efficiency`` beta over it and ``p2p_efficiency`` B over it (both at
+        most 1; B = beta without point-to-point times), so the model gives both measured rates.
 
     Raises:
         ValueError: a rate, host list or dilation the network model refuses.
@@ -177,9 +183,11 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
     slow = base.ring()[1]  # the slowest set rate of the ring (emulated bytes/s)
     ring, p2p = fit["ring_bytes_per_s"], fit.get("p2p_bytes_per_s") or fit["ring_bytes_per_s"]
     fast = max(ring, p2p)  # the link carries at least what the faster of the two reached
+    coll_alpha = fit.get("collective_alpha_s", fit["alpha_s"])  # a fit recorded before the two were told apart
     return network.Network(base.slots, tuple(r * fast * d / slow for r in base.link_bytes_per_s),
                            alpha_s=fit["alpha_s"] / d, overhead_s=fit["overhead_s"] / d,
-                           p2p_efficiency=p2p / fast, collective_efficiency=ring / fast)
+                           p2p_efficiency=p2p / fast, collective_efficiency=ring / fast,
+                           collective_alpha_s=coll_alpha / d)
 
 
 def sim_config(protocol, args, variable_bytes=None):

@@ -84,11 +84,13 @@ def launch_command(preset, seed, cell, protocol, out, protocol_args=(), dilation
 
 
 
-def reanalyse(results, out_dir):
+def reanalyse(results, out_dir, preset=None):
     """Recompute every figure of ``results`` from the run folders on disk, in place, and return it.
 
     Solo speeds are re-read from ``out_dir/solo/<cell>/rank*`` where those folders exist. Runs whose
-    folder is gone keep their stored figures.
+    folder is gone keep their stored figures. With ``preset`` (:class:`Preset`, the one ``results`` ran), each
+    cluster cell's alpha-beta fit is made again from its recorded points
+    (:func:`hetsync.bench.alphabeta.fit_measurements`) and its runs' analytic E recomputed.
     """
     for cell, solo in results["solo"].items():
         folder = os.path.join(out_dir, "solo", _slug(cell))
@@ -98,9 +100,19 @@ def reanalyse(results, out_dir):
             solo["samples_per_s"] = [rt["samples_per_s"] for rt in rates]
             solo["steps_per_s"] = [rt["steps_per_s"] for rt in rates]
             solo["bsp_expected_e"] = efficiency.bsp_expected_efficiency(solo["samples_per_s"])
+    cells = {c.key: c for c in preset.cells} if preset is not None else {}
+    for key, prepared in (results.get("cells") or {}).items():
+        doc = prepared.get("alphabeta") or {}
+        if key in cells and doc.get("points") and doc.get("world_size"):
+            doc["fit"] = _alphabeta.fit_measurements(doc["points"], doc["world_size"])
     for r in results["runs"]:
         if r["status"] == "ok" and os.path.isfile(os.path.join(r["out"], "summary.json")):
             r.update(analyse_run(r["out"], results["solo"][r["cell"]]))
+            prepared = (results.get("cells") or {}).get(r["cell"])
+            if prepared is not None:
+                r["protocol_label"] = r["protocol"]  # a cluster cell's run is labelled by its variant, as it ran
+                if r["cell"] in cells:
+                    r.update(_model_figures(r, cells[r["cell"]], prepared))
     add_ratios(results["runs"])
     results["aggregate"] = aggregate(results["runs"])
     return results
@@ -240,11 +252,7 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log, prepared
             rec.update(analyse_run(run_dir, solo))
             if prepared is not None:
                 rec["protocol_label"] = proto
-                if (prepared.get("alphabeta") or {}).get("fit"):
-                    name, vargs = _cluster_cells.parse_variant(proto)
-                    args = dict(kv.split("=", 1) for kv in (*proto_args, *vargs))
-                    rec.update(_alphabeta.model_figures(prepared["alphabeta"], _cluster_cells.with_dilation(
-                        cell.cluster, dilation), name, args, run_dir, rec.get("efficiency_analytic")))
+                rec.update(_model_figures(rec, cell, prepared, proto_args))
         except (OSError, ValueError, KeyError, IndexError) as exc:
             failed = f"unusable output: {type(exc).__name__}: {exc}"
     rec["status"] = "ok" if failed is None else "failed"
@@ -252,6 +260,17 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log, prepared
         rec["error"] = f"{failed}; see {os.path.join(run_dir, 'launch.log')}\n{output[-1500:]}"
         log(f"run FAILED: {proto} seed {seed} {cell.key}: {failed} (log: {run_dir}/launch.log)")
     return rec
+
+
+def _model_figures(rec, cell, prepared, proto_args=()):
+    """The analytic E of a cluster cell's run ``rec`` (:func:`hetsync.bench.alphabeta.model_figures`), from the
+    alpha-beta fit of the cell's links; {} when the cell has no fit."""
+    if not (prepared.get("alphabeta") or {}).get("fit"):
+        return {}
+    name, vargs = _cluster_cells.parse_variant(rec["protocol"])
+    args = dict(kv.split("=", 1) for kv in (*proto_args, *vargs))
+    spec = _cluster_cells.with_dilation(cell.cluster, prepared["dilation"] or max(_cluster_cells.CANDIDATES))
+    return _alphabeta.model_figures(prepared["alphabeta"], spec, name, args, rec["out"], rec.get("efficiency_analytic"))
 
 
 def _slug(text):

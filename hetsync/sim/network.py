@@ -15,7 +15,8 @@ A collective over p ranks is a ring (Patarasuk and Yuan, "Bandwidth optimal all-
 clusters of workstations", JPDC 2009; horovod's and OpenMPI's large-message algorithm): an allreduce of
 m bytes sends 2 (p - 1) messages of m / p bytes along the ring, so it takes
 ``2 (p - 1) alpha + 2 (p - 1) / p * m / beta`` with beta the slowest edge of a ring that visits the hosts in
-order (one link in and one out per host). Every collective also pays ``overhead_s`` once (the framework's
+order (one link in and one out per host), alpha the collective's own latency per step (``collective_alpha_s``,
+by default the point-to-point ``alpha``). Every collective also pays ``overhead_s`` once (the framework's
 negotiation: horovod's coordinator cycle). Contention between concurrent flows on one link is not part
 of a single message's time; the event simulators that need it (a parameter server's link) queue the
 messages themselves.
@@ -96,6 +97,11 @@ class Network:
         collective_efficiency: float in (0, 1], the same for the collectives' ring between hosts (1 by default; the
             alpha-beta microbenchmark of the links, :mod:`hetsync.bench.alphabeta`, measures it where a collective
             reaches less of the link than point-to-point messages do).
+        collective_alpha_s: float >= 0 or None, the latency of one step of a collective's ring between hosts
+            (seconds; None: ``alpha_s``). A collective library's transfers between hosts are not a point-to-point
+            message of the application's transport (mpi4py, a receive thread): the microbenchmark measures the
+            two apart, and a collective's fixed cost (its small-message time) can be far below 2 (p - 1) times a
+            point-to-point message's latency.
     """
 
     slots: tuple
@@ -106,15 +112,18 @@ class Network:
     overhead_s: float = DEFAULT_OVERHEAD_S
     p2p_efficiency: float = 1.0
     collective_efficiency: float = 1.0
+    collective_alpha_s: float = None
 
     def __post_init__(self):
+        if self.collective_alpha_s is None:
+            object.__setattr__(self, "collective_alpha_s", self.alpha_s)
         if len(self.slots) != len(self.link_bytes_per_s) or not self.slots:
             raise ValueError(f"need one link rate per host: {len(self.slots)} hosts, "
                              f"{len(self.link_bytes_per_s)} rates")
         if min(self.link_bytes_per_s) <= 0 or self.local_bytes_per_s <= 0:
             raise ValueError(f"bandwidths must be > 0 bytes/s, got links {self.link_bytes_per_s} and local "
                              f"{self.local_bytes_per_s}")
-        for name in ("alpha_s", "local_alpha_s", "overhead_s"):
+        for name in ("alpha_s", "local_alpha_s", "overhead_s", "collective_alpha_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
@@ -199,14 +208,15 @@ class Network:
         return a + nbytes / b
 
     def ring(self, ranks=None):
-        """``(alpha_s, bytes_per_s)`` of the slowest edge of a ring over ``ranks`` (default all) in rank order."""
+        """``(alpha_s, bytes_per_s)`` of the slowest edge of a ring over ``ranks`` (default all) in rank order
+        (between hosts the latency is ``collective_alpha_s``)."""
         ranks = list(range(self.size)) if ranks is None else sorted(ranks)
         if len(ranks) < 2:
             return 0.0, math.inf
         hosts = {self._host[r] for r in ranks}
         if len(hosts) == 1:
             return self.local_alpha_s, self.local_bytes_per_s
-        return self.alpha_s, min(min(self.link_bytes_per_s[h] for h in hosts) * self.collective_efficiency,
+        return self.collective_alpha_s, min(min(self.link_bytes_per_s[h] for h in hosts) * self.collective_efficiency,
                                  self.local_bytes_per_s)
 
     def allreduce_s(self, nbytes, ranks=None):

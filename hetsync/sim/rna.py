@@ -17,6 +17,13 @@ so what is modelled:
 * **Contributors** of a round: ranks that finished a step since the previous round took the cache.
   A rank with p pending steps accumulates them with staleness weights; more than ``max_staleness + 1``
   pending steps drops the oldest (counted in ``extra["dropped"]``).
+* **Waiting for the round** (``update_rule="samples"``, ``wait_for_round=True``, the main job's RNA): after
+  its write a step waits until the round that takes its gradient is published, then starts the next step,
+  and the controller probes every active rank. A round starts two messages after the first gradient
+  written since the previous round was published (the ready answer, the announcement), takes every
+  gradient written by then, and is published one reduction later; each rank that contributed starts its
+  next step at that moment. Compute waits one round's latency per step, never for a straggler's step
+  (:func:`wait_loop`). Under the samples rule the parameter average is off unless ``average_every`` asks.
 * **Hierarchical RNA** (section 4): the last ``servers`` ranks serve and do not compute; groups are the
   launch's hosts (``groups="host"``), explicit lists, or (``"auto"``) the grouping rule of section 4
   applied to the ranks' mean step times (:func:`hetsync.protocols.rna.grouping.speed_groups`). Each group
@@ -35,9 +42,10 @@ import numpy as np
 from hetsync.protocols.rna import grouping as _grouping
 from hetsync.sim.result import SimResult, throughput_until
 
-__all__ = ["simulate", "round_loop"]
+__all__ = ["simulate", "round_loop", "wait_loop"]
 
-_FLAT_KEYS = {"probes": 2, "max_staleness": 4, "average_every": 10, "seed": 0}
+_FLAT_KEYS = {"probes": 2, "max_staleness": 4, "average_every": None, "seed": 0, "update_rule": "paper",
+              "wait_for_round": False}
 _HIER_KEYS = {"probes": 2, "max_staleness": 4, "groups": "auto", "sync_every": 1, "servers": 1, "seed": 0,
               "warmup_steps": 20}
 
@@ -103,6 +111,58 @@ def round_loop(ends, members, round_ms, horizon_ms, probes=2, max_staleness=4, a
             "pending_mean": float(np.mean(pending_all)) if pending_all else 0.0}
 
 
+def wait_loop(T, host_ms, round_ms, alpha_ms=0.0):
+    """Rounds of RNA with ``wait_for_round``: each step waits for the round that takes its gradient.
+
+    Every rank writes its gradient at the end of its step (device time plus host work) and waits; the
+    controller, probing every rank, hears the first write after the previous round was published one message
+    later and announces the round one message after that; the round takes every gradient written by then
+    and is published ``round_ms(r)`` later, when its contributors start their next step.
+
+    Args:
+        T: float64 array [K, n], device milliseconds of each rank's step k. host_ms: float >= 0, host
+            milliseconds per step outside the device time.
+        round_ms: callable ``(r) -> float`` milliseconds of round r's reduction. alpha_ms: float >= 0, one
+            message's latency (ms).
+
+    Returns:
+        dict: ``ends`` (float64 array [K, n], when each step's gradient was written, ``inf`` for steps not
+        reached), ``horizon_ms`` (float, the first rank's last write: the window), ``rounds`` (int, rounds
+        started inside the window), ``contributors`` (float array [rounds]), ``wait_ms`` (float array [n],
+        each rank's milliseconds between a write and the publication of its round, inside the window).
+
+    Raises:
+        ValueError: ``T`` is not a non-empty 2-D array.
+    """
+    T = np.asarray(T, dtype=np.float64)
+    if T.ndim != 2 or T.size == 0:
+        raise ValueError(f"step times must be a non-empty [K, n] array, got shape {T.shape}")
+    K, n = T.shape
+    ends = np.full((K, n), np.inf)
+    ends[0] = T[0] + host_ms
+    k = np.zeros(n, dtype=int)  # each rank's step in progress (its write at ends[k, i])
+    end = ends[0].copy()
+    free, r = 0.0, 0
+    contributors, waits = [], []
+    while True:
+        start = max(free, float(end.min())) + 2.0 * alpha_ms
+        take = end <= start
+        publish = start + round_ms(r)
+        k[take] += 1
+        if (k >= K).any():  # a rank's last write: the window ends there, before this round starts
+            break
+        contributors.append(int(take.sum()))
+        waits.append(np.where(take, publish - end, 0.0))
+        r += 1
+        free = publish
+        idx = np.flatnonzero(take)
+        end[idx] = publish + T[k[idx], idx] + host_ms
+        ends[k[idx], idx] = end[idx]
+    horizon = float(np.min(ends[K - 1][np.isfinite(ends[K - 1])]))
+    return {"ends": ends, "horizon_ms": horizon, "rounds": r, "contributors": np.asarray(contributors, dtype=float),
+            "wait_ms": np.sum(waits, axis=0) if waits else np.zeros(n)}
+
+
 def _next_end(col, t):
     """The first entry of the increasing array ``col`` greater than ``t`` (inf if none)."""
     i = int(np.searchsorted(col, t, side="right"))
@@ -141,7 +201,9 @@ def simulate(times, net, work, protocol="rna", **config):
         net: :class:`hetsync.sim.network.Network` over the whole launch (servers are its last ranks).
         work: :class:`hetsync.sim.workload.Workload`.
         protocol: ``"rna"`` or ``"rnah"``.
-        **config: RNA's ``probes``, ``max_staleness``, ``average_every``, ``seed``; hierarchical RNA's
+        **config: RNA's ``probes``, ``max_staleness``, ``average_every`` (None: 10 under the paper's rule, 0
+            under the samples rule), ``seed``, ``update_rule`` (``"paper"`` or ``"samples"``), ``wait_for_round``
+            (bool, samples rule only: :func:`wait_loop`); hierarchical RNA's
             ``probes``, ``max_staleness``, ``groups`` (``"host"``, ``"auto"`` or a list of lists of worker ranks),
             ``sync_every``, ``servers``, ``warmup_steps`` (accepted, unused: the rule sees the mean step times), ``seed``.
 
@@ -151,11 +213,22 @@ def simulate(times, net, work, protocol="rna", **config):
         brings one fresh gradient), ``extra``: ``dropped``, ``response_ms_median``, ``rounds_per_s``, ``groups``.
 
     Raises:
-        ValueError: an unknown protocol or parameter, sizes that do not match the network, bad groups.
+        ValueError: an unknown protocol or parameter, sizes that do not match the network, bad groups, an
+            ``update_rule`` other than ``"paper"``/``"samples"``, ``wait_for_round`` under the paper's rule.
     """
     if protocol not in ("rna", "rnah"):
         raise ValueError(f"protocol must be 'rna' or 'rnah', got {protocol!r}")
     cfg = _check_keys(config, _FLAT_KEYS if protocol == "rna" else _HIER_KEYS, protocol)
+    if protocol == "rna":
+        if cfg["update_rule"] not in ("paper", "samples"):
+            raise ValueError(f"rna timing model: update_rule must be 'paper' or 'samples', got {cfg['update_rule']!r}")
+        wait = cfg["wait_for_round"]
+        wait = wait.lower() == "true" if isinstance(wait, str) else bool(wait)
+        if wait and cfg["update_rule"] != "samples":
+            raise ValueError("rna timing model: wait_for_round needs update_rule='samples' (as the protocol does)")
+        cfg["wait_for_round"] = wait
+        if cfg["average_every"] is None:
+            cfg["average_every"] = 10 if cfg["update_rule"] == "paper" else 0
     servers = int(cfg.get("servers", 0)) if protocol == "rnah" else 0
     T = times.ms
     K, w = T.shape
@@ -172,8 +245,14 @@ def simulate(times, net, work, protocol="rna", **config):
         red = net.allreduce_s(m + 4) * 1e3 + lat
         avg = net.allreduce_s(m) * 1e3
         every = int(cfg["average_every"])
-        loops = [round_loop(ends, np.arange(w), lambda r: red + (avg if every and (r + 1) % every == 0 else 0.0),
-                            horizon, cfg["probes"], cfg["max_staleness"], alpha_ms, rng)]
+
+        def round_ms(r):
+            return red + (avg if every and (r + 1) % every == 0 else 0.0)
+
+        if cfg["wait_for_round"]:
+            return _waiting(T, work, net, round_ms, alpha_ms)
+        loops = [round_loop(ends, np.arange(w), round_ms, horizon, cfg["probes"], cfg["max_staleness"], alpha_ms,
+                            rng)]
         groups = [list(range(w))]
     else:
         groups = _groups(cfg["groups"], w, net, T.mean(axis=0))
@@ -203,3 +282,16 @@ def simulate(times, net, work, protocol="rna", **config):
                      extra={"dropped": sum(lp["dropped"] for lp in loops),
                             "response_ms_median": float(np.median(resp)) if resp.size else None,
                             "rounds_per_s": rounds / (horizon / 1e3), "groups": groups})
+
+
+def _waiting(T, work, net, round_ms, alpha_ms):
+    """Flat RNA with ``wait_for_round`` as a :class:`SimResult` (:func:`wait_loop`)."""
+    loop = wait_loop(T, work.host_ms, round_ms, alpha_ms)
+    horizon = loop["horizon_ms"]
+    sps, steps = throughput_until(loop["ends"], work.batch_size, horizon)
+    contrib = loop["contributors"]
+    return SimResult("rna", net.size, T.shape[1], sps, horizon / 1e3, steps.tolist(),
+                     (loop["wait_ms"] / 1e3).tolist(), rounds=loop["rounds"],
+                     contributors_per_round=float(contrib.mean()) if contrib.size else 0.0, staleness_mean=0.0,
+                     extra={"dropped": 0, "response_ms_median": None,
+                            "rounds_per_s": loop["rounds"] / (horizon / 1e3), "groups": [list(range(T.shape[1]))]})

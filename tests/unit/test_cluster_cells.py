@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hetsync.bench import cluster_cells, matrix
+from hetsync.bench import alphabeta, cluster_cells, matrix
 from hetsync.emulation.cluster.spec import UNSHAPED, ClusterSpec
 
 
@@ -169,3 +169,32 @@ def test_a_cluster_run_is_put_beside_the_e_its_cells_alpha_beta_model_predicts(m
     allreduce_ms = 2 * 7 / 8 * 4 * 1_863_690 / 1.25e9 * 1e3
     assert rec["status"] == "ok" and rec["efficiency_model"] == pytest.approx(10 / (10 + allreduce_ms))
     assert rec["efficiency_model_gap"] == pytest.approx(0.5 / rec["efficiency_model"] - 1)
+
+
+def test_a_report_from_the_run_folders_fits_the_links_again_and_keeps_each_runs_variant(monkeypatch, tmp_path):
+    preset = matrix.PRESETS["cluster"]
+    cell = next(c for c in preset.cells if c.protocols[0] == "bsp")
+    run_dir = tmp_path / "run"
+    os.makedirs(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps({"scenario": "device:10", "world_size": 8, "batch_size": 32,
+                                                      "gradient_bytes": 4 * 1_863_690}))
+    monkeypatch.setattr(matrix, "analyse_run", lambda run_dir, solo: {"efficiency_analytic": 0.5,
+                                                                      "protocol_label": "rna"})
+    monkeypatch.setattr(matrix, "add_ratios", lambda runs: None)  # the figures over seeds are not the subject
+    monkeypatch.setattr(matrix, "aggregate", lambda runs: [])
+    # timings of a 1 Gbit/s ring in the dilated (D = 10) cluster's wall time whose collective costs 0.5 ms fixed,
+    # where a point-to-point message costs 20 ms: the ring's steps get the collective's latency, not 20 ms each
+    sizes = alphabeta.sizes_up_to(4 * 1_863_690)
+    points = [{"bytes": m, "allreduce_s": 5e-4 + 2 * 7 / 8 * m / 1.25e8, "p2p_s": 0.02 + m / 1.25e8} for m in sizes]
+    stale = {"alpha_s": 0.02, "overhead_s": 0.0, "ring_bytes_per_s": 1.25e8, "p2p_bytes_per_s": 1.25e8}
+    variant = "rna(update_rule=samples;wait_for_round=true)"
+    results = {"solo": {cell.key: {}}, "cells": {cell.key: {"dilation": 10.0, "alphabeta": {
+        "fit": stale, "points": points, "world_size": 8}}},
+        "runs": [{"cell": cell.key, "protocol": variant, "seed": 0, "status": "ok", "out": str(run_dir)}]}
+    matrix.reanalyse(results, str(tmp_path), preset)
+    (run,) = results["runs"]
+    assert results["cells"][cell.key]["alphabeta"]["fit"]["collective_alpha_s"] == pytest.approx(5e-4 / 14)
+    assert run["protocol_label"] == variant and run["efficiency_model"] is not None
+    # waiting for each round: a step lasts the device time plus one round (2 latencies and the allreduce)
+    round_ms = (5e-4 + 2 * 7 / 8 * (4 * 1_863_690 + 4) / 1.25e8 + 2 * 0.02) / 10 * 1e3
+    assert run["efficiency_model"] == pytest.approx(10 / (10 + round_ms), rel=1e-3)

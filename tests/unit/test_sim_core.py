@@ -103,6 +103,38 @@ def test_rna_rounds_take_what_is_pending_and_drop_beyond_max_staleness():
     assert 1.0 <= r.contributors_per_round <= 2.0
 
 
+def test_rna_waiting_for_its_round_pays_one_round_per_step_and_never_a_stragglers_step():
+    # equal devices, no latency: every round takes all n gradients, so a step lasts T + host + the round
+    n, K, T, host, red = 4, 50, 10.0, 1.0, 2.0
+    loop = rna.wait_loop(np.full((K, n), T), host, lambda r: red)
+    assert loop["horizon_ms"] == pytest.approx(K * (T + host) + (K - 1) * red)
+    assert loop["rounds"] == K - 1 and (loop["contributors"] == n).all()
+    assert loop["wait_ms"] == pytest.approx([(K - 1) * red] * n)
+    # a rank 3x slower: each rank's period is its own step plus one round; the fast one never waits for it
+    loop = rna.wait_loop(np.tile([10.0, 30.0], (20, 1)), 0.0, lambda r: 2.0)
+    assert loop["ends"][:3, 0].tolist() == [10.0, 22.0, 34.0] and loop["ends"][:3, 1].tolist() == [30.0, 62.0, 94.0]
+    # two message latencies between the first write and the round's start
+    loop = rna.wait_loop(np.full((3, 2), 10.0), 0.0, lambda r: 2.0, alpha_ms=0.5)
+    assert loop["ends"][:, 0].tolist() == [10.0, 23.0, 36.0]
+
+
+def test_rna_with_the_wait_through_the_registry_and_its_refusals():
+    n, K = 4, 100
+    t = workload.step_times("device:40", n, K)
+    net = network.Network((n,), (math.inf,), alpha_s=0.0, local_alpha_s=0.0, local_bytes_per_s=1e9, overhead_s=0.0)
+    w = workload.Workload(model_bytes=4_000_000, host_ms=0.0)
+    red_ms = net.allreduce_s(4_000_004) * 1e3  # a round allreduces the gradient and its weight
+    r = registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round="true")
+    assert r.samples_per_s == pytest.approx(n * 32 * K / ((K * 40.0 + (K - 1) * red_ms) / 1e3))
+    assert r.contributors_per_round == n and r.staleness_mean == 0.0 and r.extra["dropped"] == 0
+    free = registry.simulate("rna", t, net, w, update_rule="samples")  # without the wait compute never waits
+    assert free.samples_per_s == pytest.approx(n * 32 / 40e-3) and free.samples_per_s > r.samples_per_s
+    with pytest.raises(ValueError, match="needs update_rule='samples'"):
+        registry.simulate("rna", t, net, w, wait_for_round=True)
+    with pytest.raises(ValueError, match="update_rule must be"):
+        registry.simulate("rna", t, net, w, update_rule="bsp")
+
+
 def test_hierarchical_rna_groups_by_host():
     net = network.Network.from_spec(8, hosts="h0:2,h1:2,h2:2,h3:1,h4:1", link="10gbit")
     t = workload.step_times("device:10+random:6", 6, 200, seed=1)
