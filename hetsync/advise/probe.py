@@ -265,7 +265,8 @@ def network_from(host_names, timings, model_bytes):
     Returns:
         Network: slots per host in order of first appearance; alpha the one-byte one-way time; beta
         ``model_bytes / (p2p_s - alpha)`` on every host link when the peer was on another host (else the
-        within-host bandwidth); the collective's fixed cost the one-float allreduce's time less its ring latency.
+        within-host bandwidth); a collective's ring step the smaller of alpha and the one-float allreduce's time
+        over its 2 (n - 1) steps (``collective_alpha_s``), its fixed cost what is left of that time.
     """
     from hetsync.sim import network
 
@@ -282,11 +283,15 @@ def network_from(host_names, timings, model_bytes):
     beta = None
     if timings.get("p2p_s"):
         beta = model_bytes / max(timings["p2p_s"] - alpha, 1e-9)
-    overhead = max((timings.get("allreduce_small_s") or 0.0) - 2 * (n - 1) * alpha, 0.0)
+    small = timings.get("allreduce_small_s") or 0.0
+    # a ring step's latency is at most the small allreduce's time over its 2 (n - 1) steps: hetsync's transport
+    # (pickled messages, a receive thread) can make one point-to-point message cost more than a whole allreduce
+    coll_alpha = min(alpha, small / (2 * (n - 1))) if n > 1 and small > 0 else alpha
+    overhead = max(small - 2 * (n - 1) * coll_alpha, 0.0)
     sl = tuple(slots[h] for h in order)
     if len(sl) > 1:
         return network.Network(sl, (beta or network.DEFAULT_LOCAL_BYTES_PER_S,) * len(sl), alpha_s=alpha,
-                               overhead_s=overhead)
+                               overhead_s=overhead, collective_alpha_s=coll_alpha)
     return network.Network(sl, (network.DEFAULT_LOCAL_BYTES_PER_S,), local_alpha_s=alpha,
                            local_bytes_per_s=beta or network.DEFAULT_LOCAL_BYTES_PER_S, overhead_s=overhead)
 

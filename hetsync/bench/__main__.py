@@ -188,7 +188,11 @@ def main(argv=None):
     if args.report_from:
         with open(os.path.join(args.report_from, "results.json")) as f:
             results = json.load(f)
-        matrix.reanalyse(results, args.report_from, preset)
+        try:
+            matrix.reanalyse(results, args.report_from, preset)
+        except ValueError as exc:
+            print(f"hetsync-bench: error: --report-from {args.report_from}: {exc}", file=sys.stderr)
+            return 2
         return _report(args, results, args.report_from, results.get("micro"), preset)
     if not args.no_micro:
         from hetsync.bench import micro as _micro

@@ -33,8 +33,11 @@ hetsync.sim.target`` rebuilds the advisor's statistical efficiencies from such a
 writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/simulator.md``. With
 ``--calibration`` the run is the advisor's calibration on other seeds (``--seeds 4 5 6``): ``--update-docs`` then
 writes ``docs/simulator/advisor_calibration.json``, from which ``python -m hetsync.sim.target`` rebuilds the
-statistical efficiencies, and its own table. A world size other than 4 (the default) has its own documents
-(``advisor_check_np8.json``, ``advisor_calibration_np8.json``) and tables.
+statistical efficiencies, and its own table. With ``--fresh`` the seeds are ones never read while the advisor
+was built (neither the calibration's nor the check's: ``--seeds 7 8 9``): ``--update-docs`` writes
+``docs/simulator/advisor_check_fresh.json`` and its own table beside the check's. A world size other than 4 (the
+default) has its own documents (``advisor_check_np8.json``, ``advisor_calibration_np8.json``,
+``advisor_check_fresh_np8.json``) and tables.
 
 ``--dilation D`` runs the probe and every run at time dilation D (``HETSYNC_DILATION``: device times, delays
 and timeouts D times longer), for world sizes whose host work overruns the emulated device time on this machine
@@ -477,7 +480,7 @@ def main(argv=None):
     command = docpages.without_out("python -m hetsync.bench.advisor_check " + given)
     doc = {"command": command if not earlier else f"{earlier}; then {command}",
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "np": args.np, "dilation": dil,
-           "seeds": args.seeds,
+           "seeds": args.seeds, "fresh": bool(args.fresh),
            "epochs": args.epochs, "target": args.target, "lr": args.lr, "dataset": "mnist" if mnist else "digits",
            "host_ms": host_ms, "samples_per_epoch": per_epoch, "epochs_to_target": to_target, "scenarios": results,
            "runs": all_runs, "summary": summary,

@@ -14,14 +14,17 @@ Rank 0 fits both (:func:`fit_line`; Hockney's model: the fixed cost from the sma
 large ones, since the token bucket's burst lets mid-sized messages through faster than the link):
 
 * allreduce(m) = c0 + c1 m, the ring of :meth:`hetsync.sim.network.Network.allreduce_s` over p ranks:
-  overhead + 2 (p - 1) alpha + 2 (p - 1) / p * m / beta;
+  overhead + 2 (p - 1) alpha_c + 2 (p - 1) / p * m / beta;
 * p2p(m) = a + m / B, one way (half the round trip): alpha + m / (eta beta).
 
-**The network model** (:func:`network_from_fit`): alpha = a; the collective's fixed cost overhead = c0 - 2 (p - 1)
-alpha (at least 0); the ring's slowest edge beta = 2 (p - 1) / (p c1); the links at max(beta, B), every host's the
+**The network model** (:func:`network_from_fit`): alpha = a (a point-to-point message); a ring step's latency
+alpha_c = min(a, c0 / (2 (p - 1))) and the collective's fixed cost overhead = c0 - 2 (p - 1) alpha_c, so the
+model's allreduce over the p ranks has the measured c0 (hetsync's transport pickles each message and answers
+from a receive thread: one point-to-point message can cost more than a whole small allreduce); the ring's slowest
+edge beta = 2 (p - 1) / (p c1); the links at max(beta, B), every host's the
 rate the cluster set it to scaled alike (one efficiency for every link), the collectives reaching beta / max(beta,
 B) of it and point-to-point messages B / max(beta, B). Times are wall seconds of the dilated cluster; the model is
-expressed in the emulated cluster's time (alpha and overhead divided by D, rates times D), as the simulator takes
+expressed in the emulated cluster's time (alpha, alpha_c and overhead divided by D, rates times D), as the simulator takes
 it.
 
 **The analytic E** of a run (:func:`analytic_efficiency`): the simulator's samples/s for the run's protocol,
@@ -48,7 +51,8 @@ MIN_POINTS = 3
 #: messages of at most this many bytes give the fixed cost (their time is latency and negotiation, not bytes).
 SMALL_BYTES = 1024
 #: protocol arguments that change what is learnt, not when messages go (left out of the simulator's configuration).
-NOT_TIMING = ("lr", "data_plan", "timeout_s", "scale_lr", "momentum_correction", "stale_lr")
+NOT_TIMING = ("lr", "data_plan", "timeout_s", "scale_lr", "momentum_correction", "stale_lr", "wait_timeout_s",
+              "finish_timeout_s", "poll_ms", "average_at_end")
 
 
 def sizes_up_to(max_bytes):
@@ -301,9 +305,9 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e):
             samples/s over the devices' solo speeds: ``efficiency_analytic``).
 
     Returns:
-        dict: ``efficiency_model`` (float, or None when the simulator has no model for the run; then
-        ``efficiency_model_error`` says why) and ``efficiency_model_gap`` (measured / model - 1; None without
-        both).
+        dict: ``efficiency_model`` (float, or None when the simulator has no model for the run),
+        ``efficiency_model_error`` (str, why there is no model; None when there is one) and
+        ``efficiency_model_gap`` (measured / model - 1; None without both).
     """
     with open(os.path.join(run_dir, "summary.json")) as f:
         s = json.load(f)
@@ -316,7 +320,8 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e):
     except (ValueError, KeyError, TypeError) as exc:
         return {"efficiency_model": None, "efficiency_model_gap": None,
                 "efficiency_model_error": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"efficiency_model": e, "efficiency_model_gap": (measured_e / e - 1.0) if measured_e and e else None}
+    return {"efficiency_model": e, "efficiency_model_gap": (measured_e / e - 1.0) if measured_e and e else None,
+            "efficiency_model_error": None}
 
 
 def main(argv=None):

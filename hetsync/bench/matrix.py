@@ -90,7 +90,11 @@ def reanalyse(results, out_dir, preset=None):
     Solo speeds are re-read from ``out_dir/solo/<cell>/rank*`` where those folders exist. Runs whose
     folder is gone keep their stored figures. With ``preset`` (:class:`Preset`, the one ``results`` ran), each
     cluster cell's alpha-beta fit is made again from its recorded points
-    (:func:`hetsync.bench.alphabeta.fit_measurements`) and its runs' analytic E recomputed.
+    (:func:`hetsync.bench.alphabeta.fit_measurements`; a cell whose points no longer fit keeps its recorded fit,
+    and says so on stderr) and its runs' analytic E recomputed.
+
+    Raises:
+        ValueError: ``results`` were measured by a preset other than ``preset``.
     """
     for cell, solo in results["solo"].items():
         folder = os.path.join(out_dir, "solo", _slug(cell))
@@ -100,11 +104,21 @@ def reanalyse(results, out_dir, preset=None):
             solo["samples_per_s"] = [rt["samples_per_s"] for rt in rates]
             solo["steps_per_s"] = [rt["steps_per_s"] for rt in rates]
             solo["bsp_expected_e"] = efficiency.bsp_expected_efficiency(solo["samples_per_s"])
+    name = (results.get("preset") or {}).get("name") if isinstance(results.get("preset"), dict) else None
+    if preset is not None and name not in (None, preset.name):
+        raise ValueError(f"the results in {out_dir} are of preset {name!r}, not {preset.name!r}: pass --preset {name}")
     cells = {c.key: c for c in preset.cells} if preset is not None else {}
     for key, prepared in (results.get("cells") or {}).items():
         doc = prepared.get("alphabeta") or {}
         if key in cells and doc.get("points") and doc.get("world_size"):
-            doc["fit"] = _alphabeta.fit_measurements(doc["points"], doc["world_size"])
+            try:
+                doc["fit"] = _alphabeta.fit_measurements(doc["points"], doc["world_size"])
+                spec = _cluster_cells.with_dilation(cells[key].cluster, doc.get("dilation") or prepared["dilation"])
+                doc["network"] = _alphabeta.network_from_fit(doc["fit"], spec.np, spec.hosts_arg(), spec.link,
+                                                             spec.host_links, spec.dilation).describe()
+            except (ValueError, KeyError, TypeError) as exc:  # keep the recorded fit
+                print(f"hetsync-bench: cell {key}: the links were not fitted again ({exc}); the recorded fit is "
+                      "kept", file=sys.stderr)
     for r in results["runs"]:
         if r["status"] == "ok" and os.path.isfile(os.path.join(r["out"], "summary.json")):
             r.update(analyse_run(r["out"], results["solo"][r["cell"]]))

@@ -115,6 +115,7 @@ class Network:
     collective_alpha_s: float = None
 
     def __post_init__(self):
+        # resolved once: a dataclasses.replace(net, alpha_s=...) keeps this collective latency unless given too
         if self.collective_alpha_s is None:
             object.__setattr__(self, "collective_alpha_s", self.alpha_s)
         if len(self.slots) != len(self.link_bytes_per_s) or not self.slots:
@@ -238,9 +239,11 @@ class Network:
         return self.overhead_s + (p - 1) * a + nbytes / b
 
     def describe(self):
-        """A dict of the model's parameters for a report: hosts, slots, link rates (Gbit/s), alpha (ms)."""
+        """A dict of the model's parameters for a report: hosts, slots, link rates (Gbit/s), alpha and the
+        collective's alpha (ms), overhead (ms), the transports' efficiencies."""
         return {"hosts": self.hosts, "slots": list(self.slots),
                 "link_gbit_s": [None if math.isinf(b) else b * 8 / 1e9 for b in self.link_bytes_per_s],
-                "alpha_ms": self.alpha_s * 1e3, "overhead_ms": self.overhead_s * 1e3,
+                "alpha_ms": self.alpha_s * 1e3, "collective_alpha_ms": self.collective_alpha_s * 1e3,
+                "overhead_ms": self.overhead_s * 1e3,
                 "local_gbyte_s": self.local_bytes_per_s / 1e9, "p2p_efficiency": self.p2p_efficiency,
                 "collective_efficiency": self.collective_efficiency}

@@ -1,9 +1,9 @@
-"""RNA and hierarchical RNA: compute that never waits, rounds chosen by an initiator (RNA sections 3.2, 4).
+"""RNA and hierarchical RNA: rounds chosen by an initiator while compute goes on (RNA sections 3.2, 4).
 
 What hetsync's implementation does (:mod:`hetsync.protocols.rna.protocol`, ``control``, ``hierarchical``) and
 so what is modelled:
 
-* **Compute never waits.** Every rank runs its steps back to back (device time T_i(k) plus the host's
+* **Compute never waits** (except with ``wait_for_round``, below). Every rank runs its steps back to back (device time T_i(k) plus the host's
   per-step work); the step writes its gradient to the cache and reads the newest reduced result.
   Throughput is therefore the sum of the ranks' own rates, whatever the network does; the network sets
   how often rounds happen and how many fresh gradients each carries.
@@ -19,9 +19,9 @@ so what is modelled:
   pending steps drops the oldest (counted in ``extra["dropped"]``).
 * **Waiting for the round** (``update_rule="samples"``, ``wait_for_round=True``, the main job's RNA): after
   its write a step waits until the round that takes its gradient is published, then starts the next step,
-  and the controller probes every active rank. A round starts two messages after the first gradient
-  written since the previous round was published (the ready answer, the announcement), takes every
-  gradient written by then, and is published one reduction later; each rank that contributed starts its
+  and the controller probes every active rank. A round starts two messages (the ready answer, the
+  announcement) after the later of the previous round's publication and the first gradient not yet taken,
+  takes every gradient written by then, and is published one reduction later; each rank that contributed starts its
   next step at that moment. Compute waits one round's latency per step, never for a straggler's step
   (:func:`wait_loop`). Under the samples rule the parameter average is off unless ``average_every`` asks.
 * **Hierarchical RNA** (section 4): the last ``servers`` ranks serve and do not compute; groups are the
@@ -128,15 +128,20 @@ def wait_loop(T, host_ms, round_ms, alpha_ms=0.0):
     Returns:
         dict: ``ends`` (float64 array [K, n], when each step's gradient was written, ``inf`` for steps not
         reached), ``horizon_ms`` (float, the first rank's last write: the window), ``rounds`` (int, rounds
-        started inside the window), ``contributors`` (float array [rounds]), ``wait_ms`` (float array [n],
-        each rank's milliseconds between a write and the publication of its round, inside the window).
+        started before the window's end), ``contributors`` (float array [rounds]), ``wait_ms`` (float array [n],
+        each rank's milliseconds from a write to the publication of the round that took it, over those rounds;
+        a publication after the window's end counts whole).
 
     Raises:
-        ValueError: ``T`` is not a non-empty 2-D array.
+        ValueError: ``T`` is not a non-empty 2-D array of finite milliseconds >= 0, or ``host_ms`` is not a finite
+            number >= 0.
     """
     T = np.asarray(T, dtype=np.float64)
-    if T.ndim != 2 or T.size == 0:
-        raise ValueError(f"step times must be a non-empty [K, n] array, got shape {T.shape}")
+    if T.ndim != 2 or T.size == 0 or not np.isfinite(T).all() or (T < 0).any():
+        raise ValueError(f"step times must be a non-empty [K, n] array of finite milliseconds >= 0, got shape "
+                         f"{T.shape}")
+    if not (np.isfinite(host_ms) and host_ms >= 0):
+        raise ValueError(f"host_ms must be a finite number of milliseconds >= 0, got {host_ms!r}")
     K, n = T.shape
     ends = np.full((K, n), np.inf)
     ends[0] = T[0] + host_ms
@@ -148,6 +153,8 @@ def wait_loop(T, host_ms, round_ms, alpha_ms=0.0):
         start = max(free, float(end.min())) + 2.0 * alpha_ms
         take = end <= start
         publish = start + round_ms(r)
+        if not publish >= start:  # a NaN or negative reduction time would stall the loop
+            raise ValueError(f"round_ms({r}) must be a finite number >= 0, got {publish - start!r}")
         k[take] += 1
         if (k >= K).any():  # a rank's last write: the window ends there, before this round starts
             break
@@ -167,6 +174,18 @@ def _next_end(col, t):
     """The first entry of the increasing array ``col`` greater than ``t`` (inf if none)."""
     i = int(np.searchsorted(col, t, side="right"))
     return float(col[i]) if i < col.size else float("inf")
+
+
+def _as_bool(value, name):
+    """``value`` as the protocols' configuration reads a bool (``true/1/yes``, ``false/0/no``, or a bool)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    low = str(value).strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError(f"rna timing model: {name} must be true or false, got {value!r}")
 
 
 def _check_keys(config, allowed, protocol):
@@ -222,8 +241,7 @@ def simulate(times, net, work, protocol="rna", **config):
     if protocol == "rna":
         if cfg["update_rule"] not in ("paper", "samples"):
             raise ValueError(f"rna timing model: update_rule must be 'paper' or 'samples', got {cfg['update_rule']!r}")
-        wait = cfg["wait_for_round"]
-        wait = wait.lower() == "true" if isinstance(wait, str) else bool(wait)
+        wait = _as_bool(cfg["wait_for_round"], "wait_for_round")
         if wait and cfg["update_rule"] != "samples":
             raise ValueError("rna timing model: wait_for_round needs update_rule='samples' (as the protocol does)")
         cfg["wait_for_round"] = wait

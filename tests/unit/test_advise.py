@@ -88,6 +88,23 @@ def test_a_model_name_that_does_not_resolve_is_a_probe_error():
             probe.load_model_factory(spec)
 
 
+def test_the_probes_network_keeps_the_measured_small_allreduce_when_a_message_costs_more():
+    """A point-to-point message through the transport (3 ms one way) can cost more than a whole small allreduce
+    over 8 ranks (1.4 ms): the ring's steps then get the allreduce's latency, not 14 messages' worth."""
+    from hetsync.advise import probe
+
+    hosts = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    net = probe.network_from(hosts, {"p2p_small_s": 3e-3, "p2p_s": 3e-3 + 1e6 / 1e9, "allreduce_small_s": 1.4e-3},
+                             1_000_000)
+    assert net.alpha_s == 3e-3 and net.collective_alpha_s == pytest.approx(1.4e-3 / 14)
+    assert net.allreduce_s(4) == pytest.approx(1.4e-3 + 2 * 7 / 8 * 4 / 1e9)
+    assert net.p2p_s(1_000_000, 0, 2) == pytest.approx(3e-3 + 1e6 / 1e9)
+    # a cheap message: the ring pays it per step, the rest of the small allreduce is the fixed cost
+    net = probe.network_from(hosts, {"p2p_small_s": 50e-6, "p2p_s": 50e-6 + 1e-3, "allreduce_small_s": 1.4e-3},
+                             1_000_000)
+    assert net.collective_alpha_s == 50e-6 and net.overhead_s == pytest.approx(1.4e-3 - 14 * 50e-6)
+
+
 def test_host_shares_are_the_validation_probes_and_the_nearest_world_size_is_used():
     assert predict.host_shares_from_validation(os.path.join(ROOT, "docs", "simulator", "validation.json")) == \
         predict.HOST_SHARE

@@ -198,3 +198,11 @@ def test_a_report_from_the_run_folders_fits_the_links_again_and_keeps_each_runs_
     # waiting for each round: a step lasts the device time plus one round (2 latencies and the allreduce)
     round_ms = (5e-4 + 2 * 7 / 8 * (4 * 1_863_690 + 4) / 1.25e8 + 2 * 0.02) / 10 * 1e3
     assert run["efficiency_model"] == pytest.approx(10 / (10 + round_ms), rel=1e-3)
+    # points that no longer fit keep the recorded fit (and say so); results of another preset are refused
+    results["cells"][cell.key]["alphabeta"]["points"] = points[:2]
+    kept = dict(results["cells"][cell.key]["alphabeta"]["fit"])
+    matrix.reanalyse(results, str(tmp_path), preset)
+    assert results["cells"][cell.key]["alphabeta"]["fit"] == kept
+    results["preset"] = {"name": "full"}
+    with pytest.raises(ValueError, match="of preset 'full', not 'cluster'"):
+        matrix.reanalyse(results, str(tmp_path), preset)

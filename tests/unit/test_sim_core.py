@@ -133,6 +133,19 @@ def test_rna_with_the_wait_through_the_registry_and_its_refusals():
         registry.simulate("rna", t, net, w, wait_for_round=True)
     with pytest.raises(ValueError, match="update_rule must be"):
         registry.simulate("rna", t, net, w, update_rule="bsp")
+    # the spellings a protocol's configuration reads as a bool
+    for yes in (True, "yes", "1", "True"):
+        assert registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=yes).samples_per_s == \
+            pytest.approx(r.samples_per_s)
+    for no in (False, "no", "0", "false"):
+        assert registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=no).samples_per_s == \
+            pytest.approx(free.samples_per_s)
+    with pytest.raises(ValueError, match="wait_for_round must be true or false"):
+        registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round="maybe")
+    with pytest.raises(ValueError, match="finite milliseconds"):
+        rna.wait_loop(np.array([[1.0, np.nan]]), 0.0, lambda r: 1.0)
+    with pytest.raises(ValueError, match="round_ms"):
+        rna.wait_loop(np.full((3, 2), 1.0), 0.0, lambda r: float("nan"))
 
 
 def test_hierarchical_rna_groups_by_host():
