@@ -3,10 +3,10 @@
 What hetsync's implementation does (:mod:`hetsync.protocols.rna.protocol`, ``control``, ``hierarchical``) and
 so what is modelled:
 
-* **Compute never waits** (except with ``wait_for_round``, below). Every rank runs its steps back to back (device time T_i(k) plus the host's
-  per-step work); the step writes its gradient to the cache and reads the newest reduced result.
-  Throughput is therefore the sum of the ranks' own rates, whatever the network does; the network sets
-  how often rounds happen and how many fresh gradients each carries.
+* **Compute never waits** (except with ``wait_for_round``, below). Every rank runs its steps back to back (device
+  time T_i(k) plus the host's per-step work); the step writes its gradient to the cache and reads the newest reduced
+  result. Throughput is therefore the sum of the ranks' own rates, whatever the network does; the network sets how
+  often rounds happen and how many fresh gradients each carries.
 * **Rounds** run in each rank's communication thread, one at a time. The controller (rank 0; in
   hierarchical RNA the lowest rank of each group) probes d random ranks (power-of-d choices, section 3.2)
   as soon as it announced a round; a probed rank answers once it is out of the previous round and has a
