@@ -20,11 +20,11 @@ large ones, since the token bucket's burst lets mid-sized messages through faste
 **The network model** (:func:`network_from_fit`): alpha = a (a point-to-point message); a ring step's latency
 alpha_c = min(a, c0 / (2 (p - 1))) and the collective's fixed cost overhead = c0 - 2 (p - 1) alpha_c, so the model's
 allreduce over the p ranks has the measured c0 (hetsync's transport pickles each message and answers from a receive
-thread: one point-to-point message can cost more than a whole small allreduce); the ring's slowest edge
-beta = 2 (p - 1) / (p c1); the links at max(beta, B), every host's the rate the cluster set it to scaled alike (one efficiency
-for every link), the collectives reaching beta / max(beta, B) of it and point-to-point messages B / max(beta, B).
-Times are wall seconds of the dilated cluster; the model is expressed in the emulated cluster's time (alpha, alpha_c
-and overhead divided by D, rates times D), as the simulator takes it.
+thread: one point-to-point message can cost more than a whole small allreduce); the ring's slowest edge beta =
+2 (p - 1) / (p c1); the links at max(beta, B), every host's the rate the cluster set it to scaled alike (one
+efficiency for every link), the collectives reaching beta / max(beta, B) of it and point-to-point messages B /
+max(beta, B). Times are wall seconds of the dilated cluster; the model is expressed in the emulated cluster's time
+(alpha, alpha_c and overhead divided by D, rates times D), as the simulator takes it.
 
 **The analytic E** of a run (:func:`analytic_efficiency`): the simulator's samples/s for the run's protocol,
 scenario, world size, gradient size and batch size on that network, over the devices' summed solo speeds
