@@ -43,7 +43,7 @@ import numpy as np
 from hetsync.sim.registry import SERVER_PROTOCOLS
 
 __all__ = ["sizes_up_to", "fit_line", "fit_measurements", "network_from_fit", "analytic_efficiency",
-           "sim_config", "NOT_TIMING", "measure", "model_figures", "main"]
+           "sim_config", "NOT_TIMING", "measure", "model_figures", "drawn_times", "main"]
 
 #: the fewest message sizes a line is fitted through.
 MIN_POINTS = 3
@@ -249,6 +249,44 @@ def analytic_efficiency(protocol, args, scenario, np_, net, gradient_bytes, batc
     return efficiency.efficiency(res.samples_per_s, solo)
 
 
+def drawn_times(run_dir, workers, dilation, sync_latency_ms=0.0, steps=2000, window=None):
+    """The device times a run's workers drew, as the simulator's step times.
+
+    Args:
+        run_dir: str, the run's folder (``rank{r}.jsonl``: each step's ``emulated_ms``, the padded device time).
+        workers: int, the ranks 0 .. workers - 1 that trained. dilation: float D >= 1 of the run.
+        sync_latency_ms: float >= 0, the scenario's ``netdelay`` (emulated milliseconds).
+        steps: int, at least this many rows: the K drawn steps are repeated in order (a run of some 60 steps
+            would otherwise put the simulation's start into the steady rate the run's window measures).
+        window: ``(from_s, to_s)`` or None: only the steps that ended inside this span of the ranks' clocks
+            (``wall_s``; the steady window :func:`hetsync.bench.efficiency.run_rates` measures the run's rate in).
+
+    Returns:
+        :class:`hetsync.sim.workload.StepTimes` [K x ceil(steps / K), workers] in the emulated cluster's
+        milliseconds (``emulated_ms`` over D), K the fewest padded steps any worker ran (each worker's first K; the
+        first, compiling step of a fit is not padded and not counted).
+
+    Raises:
+        ValueError: a worker with fewer than 2 padded steps. FileNotFoundError: a rank's records are missing.
+    """
+    import numpy as np
+
+    from hetsync.bench import efficiency
+    from hetsync.sim import workload
+
+    seqs = []
+    for r in range(int(workers)):
+        recs = efficiency.read_jsonl(os.path.join(run_dir, f"rank{r}.jsonl"))
+        ms = [float(x["emulated_ms"]) / float(dilation) for x in recs if x.get("emulated_ms")
+              and (window is None or window[0] <= x["wall_s"] <= window[1])]
+        if len(ms) < 2:
+            raise ValueError(f"rank {r} of {run_dir} has {len(ms)} padded steps; the drawn times need at least 2")
+        seqs.append(ms)
+    k = min(len(ms) for ms in seqs)
+    drawn = np.column_stack([ms[:k] for ms in seqs])
+    return workload.StepTimes(np.tile(drawn, (-(-int(steps) // k), 1)), float(sync_latency_ms), "drawn")
+
+
 def measure(spec, gradient_bytes, out_dir, timeout_s=600.0):
     """Run the microbenchmark on the cluster ``spec`` (its dilation included) and read rank 0's document.
 
@@ -293,7 +331,7 @@ def measure(spec, gradient_bytes, out_dir, timeout_s=600.0):
     return doc
 
 
-def model_figures(doc, spec, protocol, args, run_dir, measured_e):
+def model_figures(doc, spec, protocol, args, run_dir, measured_e, measured_sps=None):
     """A cluster run's analytic E with communication beside its measured E.
 
     Args:
@@ -305,8 +343,12 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e):
 
     Returns:
         dict: ``efficiency_model`` (float, or None when the simulator has no model for the run),
-        ``efficiency_model_error`` (str, why there is no model; None when there is one) and
-        ``efficiency_model_gap`` (measured / model - 1; None without both).
+        ``efficiency_model_error`` (str, why there is no model; None when there is one),
+        ``efficiency_model_gap`` (measured / model - 1; None without both) and ``efficiency_model_gap_drawn``
+        (``measured_sps`` over the model's samples/s on the device times the run itself drew inside the window
+        its rate was measured in, :func:`drawn_times`, minus 1: the gap without the noise of the run's draws; None
+        without
+        ``measured_sps``, float samples/s in wall time, or without the run's step records).
     """
     with open(os.path.join(run_dir, "summary.json")) as f:
         s = json.load(f)
@@ -317,10 +359,29 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e):
         e = analytic_efficiency(protocol, args, s["scenario"], int(s["world_size"]), net, int(s["gradient_bytes"]),
                                 int(s["batch_size"]), s.get("variable_bytes"))
     except (ValueError, KeyError, TypeError) as exc:
-        return {"efficiency_model": None, "efficiency_model_gap": None,
+        return {"efficiency_model": None, "efficiency_model_gap": None, "efficiency_model_gap_drawn": None,
                 "efficiency_model_error": f"{type(exc).__name__}: {exc}"[:300]}
+    drawn = None
+    if measured_sps:
+        from hetsync.sim import registry, workload
+
+        cfg = sim_config(protocol, args, s.get("variable_bytes"))
+        n = int(s["world_size"])
+        workers = n - int(cfg.get("servers", 1)) if protocol in SERVER_PROTOCOLS else n
+        d = float(s.get("dilation") or spec.dilation or 1.0)
+        try:
+            from hetsync.bench import efficiency
+
+            times = drawn_times(run_dir, workers, d, workload.step_times(s["scenario"], workers, 1).sync_latency_ms,
+                                window=efficiency.run_rates(run_dir)["window"])
+            work = workload.Workload(model_bytes=int(s["gradient_bytes"]), batch_size=int(s["batch_size"]), host_ms=0.0)
+            model_sps = registry.simulate(protocol, times, net, work, **cfg).samples_per_s  # emulated time
+            drawn = float(measured_sps) * d / model_sps - 1.0
+        except (ValueError, OSError, KeyError) as exc:
+            log_msg = f"no drawn-time model for {run_dir}: {exc}"
+            print(log_msg[:300], file=sys.stderr)
     return {"efficiency_model": e, "efficiency_model_gap": (measured_e / e - 1.0) if measured_e and e else None,
-            "efficiency_model_error": None}
+            "efficiency_model_gap_drawn": drawn, "efficiency_model_error": None}
 
 
 def main(argv=None):

@@ -284,7 +284,8 @@ def _model_figures(rec, cell, prepared, proto_args=()):
     name, vargs = _cluster_cells.parse_variant(rec["protocol"])
     args = dict(kv.split("=", 1) for kv in (*proto_args, *vargs))
     spec = _cluster_cells.with_dilation(cell.cluster, prepared["dilation"] or max(_cluster_cells.CANDIDATES))
-    return _alphabeta.model_figures(prepared["alphabeta"], spec, name, args, rec["out"], rec.get("efficiency_analytic"))
+    return _alphabeta.model_figures(prepared["alphabeta"], spec, name, args, rec["out"], rec.get("efficiency_analytic"),
+                                    rec.get("samples_per_s"))
 
 
 def _slug(text):

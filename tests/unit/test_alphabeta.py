@@ -152,3 +152,52 @@ def test_a_run_is_compared_with_the_model_and_a_summary_without_gradient_size_sa
     (tmp_path / "summary.json").write_text(json.dumps({"scenario": "device:40", "world_size": 8, "batch_size": 32}))
     out = alphabeta.model_figures(doc, spec, "bsp", {}, str(tmp_path), 0.5)
     assert out["efficiency_model"] is None and "gradient_bytes" in out["efficiency_model_error"]
+
+
+def _records(run_dir, rank, emulated_ms, t0=1.0, step_ms=None):
+    """A rank's step records: a compiling first step (not padded), then steps of the given emulated ms, each
+    ``step_ms`` long on the rank's clock (default: its emulated ms)."""
+    recs, t = [{"step": 0, "wall_s": t0, "emulated_ms": 0.0}], t0
+    for k, ms in enumerate(emulated_ms, 1):
+        t += (step_ms[k - 1] if step_ms else ms) / 1e3
+        recs.append({"step": k, "wall_s": t, "emulated_ms": ms})
+    (run_dir / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
+def test_the_drawn_times_are_the_runs_own_padded_steps_in_its_window_repeated(tmp_path):
+    _records(tmp_path, 0, [400.0, 2400.0, 400.0, 400.0])
+    _records(tmp_path, 1, [400.0, 400.0, 400.0])
+    times = alphabeta.drawn_times(str(tmp_path), 2, 40.0, steps=7)
+    # each rank's first K = 3 padded steps (the fewest), in emulated milliseconds (over D = 40), repeated to >= 7
+    assert times.ms.shape == (9, 2) and times.spec == "drawn"
+    assert times.ms[:3, 0].tolist() == [10.0, 60.0, 10.0] and times.ms[3:6, 0].tolist() == [10.0, 60.0, 10.0]
+    assert (times.ms[:, 1] == 10.0).all()
+    # only the steps that ended inside the window: rank 0's at 3.8 and 4.2 s, rank 1's at 1.8 and 2.2 s
+    times = alphabeta.drawn_times(str(tmp_path), 2, 40.0, steps=2, window=(1.5, 4.3))
+    assert times.ms[:, 0].tolist() == [60.0, 10.0] and times.ms[:, 1].tolist() == [10.0, 10.0]
+    with pytest.raises(ValueError, match="rank 0 .* 0 padded steps"):
+        alphabeta.drawn_times(str(tmp_path), 2, 40.0, window=(100.0, 200.0))
+
+
+def test_the_gap_on_the_runs_own_draws_leaves_out_the_luck_of_its_draws(tmp_path):
+    """BSP on 2 ranks of one host (no network cost): every step lasts the slower rank's draw. A run whose draws
+    were luckier than the scenario's expectation has an E above the expected-draw model, and no gap on its own."""
+    spec = ClusterSpec(hosts=1, slots=2, link="1gbit", dilation=1.0)
+    fit = {"alpha_s": 0.0, "overhead_s": 0.0, "ring_bytes_per_s": 1e15, "p2p_bytes_per_s": None}
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "scenario": "device:10+random:6", "world_size": 2, "batch_size": 32, "gradient_bytes": 4, "dilation": 1.0,
+        "per_rank": [{"rank": r, "steps": 41, "samples": 41 * 32} for r in (0, 1)]}))
+    draws = [60.0 if k % 4 == 3 else 10.0 for k in range(40)]  # rank 0: 1 slow step in 4; expected: 1 in 2 a rank
+    _records(tmp_path, 0, draws)
+    _records(tmp_path, 1, [10.0] * 40, step_ms=draws)  # BSP: rank 1's steps last as long as rank 0's
+    from hetsync.bench import efficiency
+
+    sps = efficiency.run_rates(str(tmp_path))["samples_per_s"]  # what the run measures in its window
+    assert sps == pytest.approx(2 * 32 / (sum(draws[3:]) / 37 / 1e3), rel=0.05)
+    e = efficiency.efficiency(sps, efficiency.analytic_solo("device:10+random:6", 2, 32))  # E analytic
+    out = alphabeta.model_figures({"fit": fit}, spec, "bsp", {}, str(tmp_path), e, measured_sps=sps)
+    assert out["efficiency_model_gap_drawn"] == pytest.approx(0.0, abs=0.02)
+    # against the expected draws (a slow step in 3 of 4: 47.5 ms against the 22.5 ms drawn) it looks twice as good
+    assert out["efficiency_model_gap"] == pytest.approx(47.5 / 22.5 - 1, rel=0.1)
+    assert alphabeta.model_figures({"fit": fit}, spec, "bsp", {}, str(tmp_path), e)["efficiency_model_gap_drawn"] \
+        is None
