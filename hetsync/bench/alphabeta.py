@@ -240,13 +240,20 @@ def analytic_efficiency(protocol, args, scenario, np_, net, gradient_bytes, batc
     from hetsync.bench import efficiency
     from hetsync.sim import registry, workload
 
-    cfg = sim_config(protocol, args, variable_bytes)
-    workers = np_ - int(cfg.get("servers", 1)) if protocol in SERVER_PROTOCOLS else np_
+    cfg, workers, work = _model_inputs(protocol, args, np_, gradient_bytes, batch_size, variable_bytes)
     times = workload.step_times(scenario, workers, steps, seed=seed)
-    work = workload.Workload(model_bytes=int(gradient_bytes), batch_size=int(batch_size), host_ms=0.0)
     res = registry.simulate(protocol, times, net, work, **cfg)
     solo = efficiency.analytic_solo(scenario, workers, batch_size)
     return efficiency.efficiency(res.samples_per_s, solo)
+
+
+def _model_inputs(protocol, args, np_, gradient_bytes, batch_size, variable_bytes=None):
+    """The simulator's configuration, the workers of an ``np_``-rank launch and the workload (no host work)."""
+    from hetsync.sim import workload
+
+    cfg = sim_config(protocol, args, variable_bytes)
+    workers = np_ - int(cfg.get("servers", 1)) if protocol in SERVER_PROTOCOLS else np_
+    return cfg, workers, workload.Workload(model_bytes=int(gradient_bytes), batch_size=int(batch_size), host_ms=0.0)
 
 
 def drawn_times(run_dir, workers, dilation, sync_latency_ms=0.0, steps=2000, window=None):
@@ -347,8 +354,7 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e, measured_sps=N
         ``efficiency_model_gap`` (measured / model - 1; None without both) and ``efficiency_model_gap_drawn``
         (``measured_sps`` over the model's samples/s on the device times the run itself drew inside the window
         its rate was measured in, :func:`drawn_times`, minus 1: the gap without the noise of the run's draws; None
-        without
-        ``measured_sps``, float samples/s in wall time, or without the run's step records).
+        without ``measured_sps``, float samples/s in wall time, or without the run's step records).
     """
     with open(os.path.join(run_dir, "summary.json")) as f:
         s = json.load(f)
@@ -363,23 +369,19 @@ def model_figures(doc, spec, protocol, args, run_dir, measured_e, measured_sps=N
                 "efficiency_model_error": f"{type(exc).__name__}: {exc}"[:300]}
     drawn = None
     if measured_sps:
+        from hetsync.bench import efficiency
         from hetsync.sim import registry, workload
 
-        cfg = sim_config(protocol, args, s.get("variable_bytes"))
-        n = int(s["world_size"])
-        workers = n - int(cfg.get("servers", 1)) if protocol in SERVER_PROTOCOLS else n
+        cfg, workers, work = _model_inputs(protocol, args, int(s["world_size"]), s["gradient_bytes"],
+                                           s["batch_size"], s.get("variable_bytes"))
         d = float(s.get("dilation") or spec.dilation or 1.0)
         try:
-            from hetsync.bench import efficiency
-
             times = drawn_times(run_dir, workers, d, workload.step_times(s["scenario"], workers, 1).sync_latency_ms,
                                 window=efficiency.run_rates(run_dir)["window"])
-            work = workload.Workload(model_bytes=int(s["gradient_bytes"]), batch_size=int(s["batch_size"]), host_ms=0.0)
             model_sps = registry.simulate(protocol, times, net, work, **cfg).samples_per_s  # emulated time
             drawn = float(measured_sps) * d / model_sps - 1.0
         except (ValueError, OSError, KeyError) as exc:
-            log_msg = f"no drawn-time model for {run_dir}: {exc}"
-            print(log_msg[:300], file=sys.stderr)
+            print(f"no drawn-time model for {run_dir}: {exc}"[:300], file=sys.stderr)
     return {"efficiency_model": e, "efficiency_model_gap": (measured_e / e - 1.0) if measured_e and e else None,
             "efficiency_model_gap_drawn": drawn, "efficiency_model_error": None}
 
