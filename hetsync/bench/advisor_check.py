@@ -45,6 +45,7 @@ and timeouts D times longer), for world sizes whose host work overruns the emula
 host time divided by D, as the validation gives the simulator.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -59,7 +60,7 @@ from hetsync.bench import validate as _validate
 from hetsync.world import parse_dilation
 
 __all__ = ["WITHIN", "BSP_RULE", "BEGIN", "END", "CAL_BEGIN", "CAL_END", "median_time", "verdict", "advisor_choice",
-           "recorded_runs",
+           "recorded_runs", "read_seeds",
            "table", "benchmark_rows",
            "main"]
 
@@ -257,6 +258,26 @@ def doc_names(n, fresh=False):
             (CAL_BEGIN.replace(" -->", tag), CAL_END.replace(" -->", tag)))
 
 
+def read_seeds(docs_dir):
+    """The seeds read while the advisor was built: those of every calibration document (its statistical
+    efficiencies) and every check document other than a fresh check's (its rule was chosen reading them) under
+    ``docs_dir/simulator`` (``docs_dir``: str, the documentation folder). Returns ``{seed (int): [document
+    names]}``; empty when there are none. Raises ValueError when a document there cannot be read."""
+    read = {}
+    for path in sorted(glob.glob(os.path.join(docs_dir, "simulator", "advisor_*.json"))):
+        name = os.path.basename(path)
+        if not name.startswith(("advisor_calibration", "advisor_check")) or name.startswith("advisor_check_fresh"):
+            continue
+        try:
+            with open(path) as f:
+                seeds = json.load(f).get("seeds") or []
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the seeds of {path}: {exc}") from exc
+        for seed in seeds:
+            read.setdefault(int(seed), []).append(name)
+    return read
+
+
 def _np_dir(n, dilation):
     return f"np{n}" if dilation == 1.0 else f"np{n}-d{dilation:g}"
 
@@ -410,6 +431,15 @@ def main(argv=None):
         p.error(f"--seeds lists a seed twice: {args.seeds}")
     if args.fresh and args.calibration:
         p.error("--fresh and --calibration exclude each other: calibration seeds are read to build the advisor")
+    if args.fresh:
+        try:
+            read = read_seeds(args.docs_dir)
+        except ValueError as exc:
+            p.error(f"--fresh: {exc}")
+        if set(args.seeds) & set(read):
+            p.error(f"--fresh: seeds {sorted(set(args.seeds) & set(read))} were read while the advisor was built "
+                    f"({', '.join(sorted(set(n for s in args.seeds for n in read.get(s, ()))))}); choose seeds "
+                    "other than " + ", ".join(map(str, sorted(read))))
     try:
         dil = parse_dilation(args.dilation, "--dilation")
     except ValueError as exc:

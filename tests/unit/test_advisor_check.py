@@ -4,6 +4,7 @@ every summary on disk (no launch), asks the advisor and writes the documentation
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -119,7 +120,8 @@ def test_a_resumed_check_launches_nothing_asks_the_advisor_and_writes_the_docs_b
 
 
 def test_a_dilated_check_reads_its_own_folders_divides_host_time_by_d_and_writes_its_own_documents(tmp_path,
-                                                                                                   monkeypatch):
+                                                                                                   monkeypatch,
+                                                                                                   capsys):
     _offline(monkeypatch)
     from hetsync.bench import validate
 
@@ -148,12 +150,24 @@ def test_a_dilated_check_reads_its_own_folders_divides_host_time_by_d_and_writes
     _, _, (begin, end), _ = advisor_check.doc_names(8)
     assert begin == "<!-- BEGIN generated: advisor check np8 -->" and begin in page and end in page
     assert "### Does the advisor choose well?, 8 ranks" in page and "(8 ranks at time dilation 3," in page
-    # the same runs judged as a check on fresh seeds: its own document and table, the check's left as they were
-    rc = advisor_check.main(["--out", str(out), "--np", "8", "--dilation", "3", "--scenarios", "random",
-                             "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs), "--fresh"])
+    # seeds the check read are not fresh: refused before anything runs
+    fresh_argv = ["--out", str(out), "--np", "8", "--dilation", "3", "--scenarios", "random",
+                  "--protocols", "bsp,fedavg", "--update-docs", "--docs-dir", str(docs), "--fresh"]
+    with pytest.raises(SystemExit):
+        advisor_check.main(fresh_argv + ["--seeds", "2", "7"])
+    assert "--fresh: seeds [2] were read while the advisor was built (advisor_check_np8.json)" in \
+        capsys.readouterr().err
+    # the same runs under other seeds judged as a check on fresh seeds: its own document and table, the check's
+    # left as they were
+    for proto in ("bsp", "fedavg"):
+        for seed in (1, 2, 3):
+            run = out / "runs" / "np8-d3" / "random" / proto
+            shutil.copytree(run / f"seed{seed}", run / f"seed{seed + 6}")
+    rc = advisor_check.main(fresh_argv + ["--seeds", "7", "8", "9"])
     assert rc == 0
     fresh = json.loads((docs / "simulator" / "advisor_check_fresh_np8.json").read_text())
-    assert fresh["scenarios"] == doc["scenarios"]
+    assert fresh["seeds"] == [7, 8, 9] and fresh["scenarios"][0]["seed_list"] == [7, 8, 9]
+    assert fresh["scenarios"][0]["medians"] == doc["scenarios"][0]["medians"]
     assert json.loads((docs / "simulator" / "advisor_check_np8.json").read_text()) == doc
     after = (docs / "simulator.md").read_text()
     _, _, (fbegin, fend), _ = advisor_check.doc_names(8, fresh=True)
