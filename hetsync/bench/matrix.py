@@ -91,7 +91,8 @@ def reanalyse(results, out_dir, preset=None):
     folder is gone keep their stored figures. With ``preset`` (:class:`Preset`, the one ``results`` ran), each
     cluster cell's alpha-beta fit is made again from its recorded points
     (:func:`hetsync.bench.alphabeta.fit_measurements`; a cell whose points no longer fit keeps its recorded fit,
-    and says so on stderr) and its runs' analytic E recomputed.
+    and says so on stderr) and its runs' analytic E recomputed, each with the ``--protocol-arg`` values it ran with
+    (a run's ``protocol_args``; runs recorded without them are modelled with their variant's arguments alone).
 
     Raises:
         ValueError: ``results`` were measured by a preset other than ``preset``.
@@ -126,7 +127,7 @@ def reanalyse(results, out_dir, preset=None):
             if prepared is not None:
                 r["protocol_label"] = r["protocol"]  # a cluster cell's run is labelled by its variant, as it ran
                 if r["cell"] in cells:
-                    r.update(_model_figures(r, cells[r["cell"]], prepared))
+                    r.update(_model_figures(r, cells[r["cell"]], prepared, r.get("protocol_args") or ()))
     add_ratios(results["runs"])
     results["aggregate"] = aggregate(results["runs"])
     return results
@@ -247,7 +248,8 @@ def _one_run(preset, seed, cell, proto, run_dir, proto_args, solo, log, prepared
            "np": preset.cell_np(cell), "out": run_dir, "twin_of": cell.twin_of, "command": " ".join(shlex.quote(a) for a in cmd)}
     if prepared is not None:
         rec.update(comm_fraction=prepared.get("comm_fraction"), calibrated=prepared["dilation"] is not None,
-                   cluster_label=_cluster_cells.cluster_label(cell.cluster), model=cell.model or preset.model)
+                   cluster_label=_cluster_cells.cluster_label(cell.cluster), model=cell.model or preset.model,
+                   protocol_args=list(proto_args))  # --report-from models the run as it ran
     os.makedirs(run_dir, exist_ok=True)
     t = time.time()
     try:

@@ -168,6 +168,7 @@ def test_a_cluster_run_is_put_beside_the_e_its_cells_alpha_beta_model_predicts(m
                           prepared={"dilation": 10.0, "comm_fraction": 0.5, "alphabeta": {"fit": fit}})
     allreduce_ms = 2 * 7 / 8 * 4 * 1_863_690 / 1.25e9 * 1e3
     assert rec["status"] == "ok" and rec["efficiency_model"] == pytest.approx(10 / (10 + allreduce_ms))
+    assert rec["protocol_args"] == []  # recorded, so a report from the run folders models the run as it ran
     assert rec["efficiency_model_gap"] == pytest.approx(0.5 / rec["efficiency_model"] - 1)
 
 
@@ -190,9 +191,15 @@ def test_a_report_from_the_run_folders_fits_the_links_again_and_keeps_each_runs_
     variant = "rna(update_rule=samples;wait_for_round=true)"
     results = {"solo": {cell.key: {}}, "cells": {cell.key: {"dilation": 10.0, "alphabeta": {
         "fit": stale, "points": points, "world_size": 8}}},
-        "runs": [{"cell": cell.key, "protocol": variant, "seed": 0, "status": "ok", "out": str(run_dir)}]}
+        "runs": [{"cell": cell.key, "protocol": variant, "seed": 0, "status": "ok", "out": str(run_dir)},
+                 {"cell": cell.key, "protocol": "rna", "seed": 1, "status": "ok", "out": str(run_dir),
+                  "protocol_args": ["update_rule=samples", "wait_for_round=true"]},
+                 {"cell": cell.key, "protocol": "rna", "seed": 2, "status": "ok", "out": str(run_dir)}]}
     matrix.reanalyse(results, str(tmp_path), preset)
-    (run,) = results["runs"]
+    run, with_args, plain = results["runs"]
+    # the same setting given as --protocol-arg values is modelled as the variant; without them, RNA's default
+    assert with_args["efficiency_model"] == pytest.approx(run["efficiency_model"])
+    assert plain["efficiency_model"] != pytest.approx(run["efficiency_model"])
     assert results["cells"][cell.key]["alphabeta"]["fit"]["collective_alpha_s"] == pytest.approx(5e-4 / 14)
     assert run["protocol_label"] == variant and run["efficiency_model"] is not None
     # waiting for each round: a step lasts the device time plus one round (2 latencies and the allreduce)
