@@ -34,7 +34,8 @@ writes ``docs/simulator/advisor_check.json`` and the generated table of ``docs/s
 ``--calibration`` the run is the advisor's calibration on other seeds (``--seeds 4 5 6``): ``--update-docs`` then
 writes ``docs/simulator/advisor_calibration.json``, from which ``python -m hetsync.sim.target`` rebuilds the
 statistical efficiencies, and its own table. With ``--fresh`` the seeds are ones never read while the advisor
-was built (neither the calibration's nor the check's: ``--seeds 7 8 9``): ``--update-docs`` writes
+was built (neither the calibration's nor the check's: ``--seeds 7 8 9``; a seed that a calibration or check
+document under ``--docs-dir`` records is refused, :func:`read_seeds`): ``--update-docs`` writes
 ``docs/simulator/advisor_check_fresh.json`` and its own table beside the check's. A world size other than 4 (the
 default) has its own documents (``advisor_check_np8.json``, ``advisor_calibration_np8.json``,
 ``advisor_check_fresh_np8.json``) and tables.
@@ -436,10 +437,11 @@ def main(argv=None):
             read = read_seeds(args.docs_dir)
         except ValueError as exc:
             p.error(f"--fresh: {exc}")
-        if set(args.seeds) & set(read):
-            p.error(f"--fresh: seeds {sorted(set(args.seeds) & set(read))} were read while the advisor was built "
-                    f"({', '.join(sorted(set(n for s in args.seeds for n in read.get(s, ()))))}); choose seeds "
-                    "other than " + ", ".join(map(str, sorted(read))))
+        clash = sorted(set(args.seeds) & set(read))
+        if clash:
+            named = ", ".join(sorted({name for seed in clash for name in read[seed]}))
+            p.error(f"--fresh: seeds {clash} were read while the advisor was built ({named}); choose seeds other "
+                    "than " + ", ".join(map(str, sorted(read))))
     try:
         dil = parse_dilation(args.dilation, "--dilation")
     except ValueError as exc:
