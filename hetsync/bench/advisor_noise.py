@@ -185,12 +185,9 @@ def held_out_probability(times, k=3):
     Raises:
         ValueError: ``k`` < 1.
     """
-    try:
-        _, subsets = _subsets(times, k, need=1)
-    except ValueError:
-        if k < 1:
-            raise
+    if k >= 1 and len(complete_seeds(times)) <= k:
         return None
+    _, subsets = _subsets(times, k, need=1)
     return sum(_held_out_passes(times, sub) for sub in subsets) / len(subsets)
 
 
@@ -206,12 +203,9 @@ def second_check_probability(times, k=3):
     Raises:
         ValueError: ``k`` < 1.
     """
-    try:
-        _, subsets = _subsets(times, k, need=k)
-    except ValueError:
-        if k < 1:
-            raise
+    if k >= 1 and len(complete_seeds(times)) < 2 * k:
         return None
+    _, subsets = _subsets(times, k, need=k)
     med = {sub: _medians(times, sub) for sub in subsets}
     passes = [verdict(med[b], _best(med[a]))["ok"] for a in subsets for b in subsets if not set(a) & set(b)]
     return sum(passes) / len(passes)
