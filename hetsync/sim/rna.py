@@ -23,7 +23,8 @@ so what is modelled:
   announcement) after the later of the previous round's publication and the first gradient not yet taken,
   takes every gradient written by then, and is published one reduction later; each rank that contributed starts its
   next step at that moment. Compute waits one round's latency per step, never for a straggler's step
-  (:func:`wait_loop`). Under the samples rule the parameter average is off unless ``average_every`` asks.
+  (:func:`wait_loop`). With ``wait_lag=L`` a rank starts step k + 1 once the round holding step k - L's gradient
+  is published, so up to L rounds of its gradients overlap its compute. Under the samples rule the parameter average is off unless ``average_every`` asks.
 * **Hierarchical RNA** (section 4): the last ``servers`` ranks serve and do not compute; groups are the
   launch's hosts (``groups="host"``), explicit lists, or (``"auto"``) the grouping rule of section 4
   applied to the ranks' mean step times (:func:`hetsync.protocols.rna.grouping.speed_groups`). Each group
@@ -45,7 +46,7 @@ from hetsync.sim.result import SimResult, throughput_until
 __all__ = ["simulate", "round_loop", "wait_loop"]
 
 _FLAT_KEYS = {"probes": 2, "max_staleness": 4, "average_every": None, "seed": 0, "update_rule": "paper",
-              "wait_for_round": False}
+              "wait_for_round": False, "wait_lag": 0}
 _HIER_KEYS = {"probes": 2, "max_staleness": 4, "groups": "auto", "sync_every": 1, "servers": 1, "seed": 0,
               "warmup_steps": 20}
 
@@ -111,30 +112,33 @@ def round_loop(ends, members, round_ms, horizon_ms, probes=2, max_staleness=4, a
             "pending_mean": float(np.mean(pending_all)) if pending_all else 0.0}
 
 
-def wait_loop(T, host_ms, round_ms, alpha_ms=0.0):
-    """Rounds of RNA with ``wait_for_round``: each step waits for the round that takes its gradient.
+def wait_loop(T, host_ms, round_ms, alpha_ms=0.0, lag=0):
+    """Rounds of RNA with ``wait_for_round``: each step waits for the round that takes the gradient of ``lag`` steps
+    before it (``wait_lag``; 0: its own).
 
-    Every rank writes its gradient at the end of its step (device time plus host work) and waits; the
-    controller, probing every rank, hears the first write after the previous round was published one message
-    later and announces the round one message after that; the round takes every gradient written by then
-    and is published ``round_ms(r)`` later, when its contributors start their next step.
+    Every rank writes its gradient at the end of its step (device time plus host work) and starts its next step once
+    the round holding the gradient of step k - ``lag`` is published (at once for k < ``lag``); the controller, probing
+    every rank, hears the first write not yet taken after the previous round was published one message later and
+    announces the round one message after that; the round takes every gradient written by then (up to ``lag`` + 1 of
+    a rank) and is published ``round_ms(r)`` later.
 
     Args:
         T: float64 array [K, n], device milliseconds of each rank's step k. host_ms: float >= 0, host
             milliseconds per step outside the device time.
         round_ms: callable ``(r) -> float`` milliseconds of round r's reduction. alpha_ms: float >= 0, one
-            message's latency (ms).
+            message's latency (ms). lag: int >= 0, the protocol's ``wait_lag`` (local iterations).
 
     Returns:
         dict: ``ends`` (float64 array [K, n], when each step's gradient was written, ``inf`` for steps not
         reached), ``horizon_ms`` (float, the first rank's last write: the window), ``rounds`` (int, rounds
-        started before the window's end), ``contributors`` (float array [rounds]), ``wait_ms`` (float array [n],
-        each rank's milliseconds from a write to the publication of the round that took it, over those rounds;
-        a publication after the window's end counts whole).
+        started before the window's end), ``contributors`` (float array [rounds], the gradients each round took),
+        ``contributing_ranks`` (float array [rounds]), ``wait_ms`` (float array [n], each rank's milliseconds held
+        between a write and the start of its next step, over the steps started; a publication after the window's
+        end counts whole).
 
     Raises:
-        ValueError: ``T`` is not a non-empty 2-D array of finite milliseconds >= 0, or ``host_ms`` is not a finite
-            number >= 0.
+        ValueError: ``T`` is not a non-empty 2-D array of finite milliseconds >= 0, ``host_ms`` is not a finite
+            number >= 0, ``lag`` is not an int >= 0, or ``round_ms`` returned a negative or non-finite time.
     """
     T = np.asarray(T, dtype=np.float64)
     if T.ndim != 2 or T.size == 0 or not np.isfinite(T).all() or (T < 0).any():
@@ -142,32 +146,61 @@ def wait_loop(T, host_ms, round_ms, alpha_ms=0.0):
                          f"{T.shape}")
     if not (np.isfinite(host_ms) and host_ms >= 0):
         raise ValueError(f"host_ms must be a finite number of milliseconds >= 0, got {host_ms!r}")
+    if isinstance(lag, (bool, np.bool_)) or not isinstance(lag, (int, np.integer)) or lag < 0:
+        raise ValueError(f"lag must be an int >= 0 (local iterations), got {lag!r}")
     K, n = T.shape
-    ends = np.full((K, n), np.inf)
-    ends[0] = T[0] + host_ms
-    k = np.zeros(n, dtype=int)  # each rank's step in progress (its write at ends[k, i])
-    end = ends[0].copy()
+    cols = np.arange(n)
+    W = np.full((K, n), np.inf)  # write times
+    P = np.full((K, n), np.inf)  # publication of the round that took each step
+    W[0] = T[0] + host_ms
+    nw = np.ones(n, dtype=int)  # writes known per rank
+    taken = np.zeros(n, dtype=int)  # steps taken by rounds per rank
+    wait = np.zeros(n)
+
+    def extend(until):
+        # start the next step of every rank whose wait is over and whose last write is <= until (or all taken)
+        while True:
+            j = nw - 1 - lag
+            prev = W[np.minimum(nw - 1, K - 1), cols]
+            can = (nw < K) & (j < taken) & ((prev <= until) | (taken >= nw))
+            if not can.any():
+                return
+            idx = cols[can]
+            ji = j[idx]
+            start = np.where(ji >= 0, np.maximum(prev[idx], P[np.maximum(ji, 0), idx]), prev[idx])
+            W[nw[idx], idx] = start + T[nw[idx], idx] + host_ms
+            wait[idx] += start - prev[idx]
+            nw[idx] += 1
+
     free, r = 0.0, 0
-    contributors, waits = [], []
+    contributors, ranks = [], []
     while True:
-        start = max(free, float(end.min())) + 2.0 * alpha_ms
-        take = end <= start
+        extend(-np.inf)  # a rank with every write taken has its next write known
+        pending = taken < nw
+        start = max(free, float(W[np.minimum(taken, K - 1), cols][pending].min())) + 2.0 * alpha_ms
+        extend(start)
+        new = taken.copy()
+        while True:  # every write up to the round's start
+            more = (new < nw) & (W[np.minimum(new, K - 1), cols] <= start)
+            if not more.any():
+                break
+            new[more] += 1
+        if (new >= K).any():  # a rank's last write: the window ends there, before this round starts
+            break
         publish = start + round_ms(r)
         if not publish >= start:  # a NaN or negative reduction time would stall the loop
             raise ValueError(f"round_ms({r}) must be a finite number >= 0, got {publish - start!r}")
-        k[take] += 1
-        if (k >= K).any():  # a rank's last write: the window ends there, before this round starts
-            break
-        contributors.append(int(take.sum()))
-        waits.append(np.where(take, publish - end, 0.0))
-        r += 1
+        for d in range(int((new - taken).max())):
+            sel = taken + d < new
+            P[taken[sel] + d, cols[sel]] = publish
+        contributors.append(int((new - taken).sum()))
+        ranks.append(int((new > taken).sum()))
+        taken = new
         free = publish
-        idx = np.flatnonzero(take)
-        end[idx] = publish + T[k[idx], idx] + host_ms
-        ends[k[idx], idx] = end[idx]
-    horizon = float(np.min(ends[K - 1][np.isfinite(ends[K - 1])]))
-    return {"ends": ends, "horizon_ms": horizon, "rounds": r, "contributors": np.asarray(contributors, dtype=float),
-            "wait_ms": np.sum(waits, axis=0) if waits else np.zeros(n)}
+        r += 1
+    horizon = float(np.min(W[K - 1][np.isfinite(W[K - 1])]))
+    return {"ends": W, "horizon_ms": horizon, "rounds": r, "contributors": np.asarray(contributors, dtype=float),
+            "contributing_ranks": np.asarray(ranks, dtype=float), "wait_ms": wait}
 
 
 def _next_end(col, t):
@@ -222,7 +255,8 @@ def simulate(times, net, work, protocol="rna", **config):
         protocol: ``"rna"`` or ``"rnah"``.
         **config: RNA's ``probes``, ``max_staleness``, ``average_every`` (None: 10 under the paper's rule, 0
             under the samples rule), ``seed``, ``update_rule`` (``"paper"`` or ``"samples"``), ``wait_for_round``
-            (bool, samples rule only: :func:`wait_loop`); hierarchical RNA's
+            (bool, samples rule only: :func:`wait_loop`), ``wait_lag`` (int in [0, max_staleness], with the wait);
+            hierarchical RNA's
             ``probes``, ``max_staleness``, ``groups`` (``"host"``, ``"auto"`` or a list of lists of worker ranks),
             ``sync_every``, ``servers``, ``warmup_steps`` (accepted, unused: the rule sees the mean step times), ``seed``.
 
@@ -233,7 +267,8 @@ def simulate(times, net, work, protocol="rna", **config):
 
     Raises:
         ValueError: an unknown protocol or parameter, sizes that do not match the network, bad groups, an
-            ``update_rule`` other than ``"paper"``/``"samples"``, ``wait_for_round`` under the paper's rule.
+            ``update_rule`` other than ``"paper"``/``"samples"``, ``wait_for_round`` under the paper's rule,
+            ``wait_lag`` without the wait or above ``max_staleness``.
     """
     if protocol not in ("rna", "rnah"):
         raise ValueError(f"protocol must be 'rna' or 'rnah', got {protocol!r}")
@@ -245,6 +280,19 @@ def simulate(times, net, work, protocol="rna", **config):
         if wait and cfg["update_rule"] != "samples":
             raise ValueError("rna timing model: wait_for_round needs update_rule='samples' (as the protocol does)")
         cfg["wait_for_round"] = wait
+        lag = cfg["wait_lag"]  # an int, or its text as a --protocol-arg gives it
+        if isinstance(lag, str) and lag.strip().isdigit():
+            lag = int(lag)
+        if isinstance(lag, (bool, np.bool_)) or not isinstance(lag, (int, np.integer)) or lag < 0:
+            raise ValueError(f"rna timing model: wait_lag must be an int >= 0 (local iterations), got "
+                             f"{cfg['wait_lag']!r}")
+        cfg["wait_lag"] = int(lag)
+        if cfg["wait_lag"] and not wait:
+            raise ValueError(f"rna timing model: wait_lag={cfg['wait_lag']} needs wait_for_round=true (as the "
+                             "protocol does)")
+        if cfg["wait_lag"] > int(cfg["max_staleness"]):
+            raise ValueError(f"rna timing model: wait_lag={cfg['wait_lag']} exceeds max_staleness="
+                             f"{cfg['max_staleness']} (as the protocol refuses)")
         if cfg["average_every"] is None:
             cfg["average_every"] = 10 if cfg["update_rule"] == "paper" else 0
     servers = int(cfg.get("servers", 0)) if protocol == "rnah" else 0
@@ -268,7 +316,7 @@ def simulate(times, net, work, protocol="rna", **config):
             return red + (avg if every and (r + 1) % every == 0 else 0.0)
 
         if cfg["wait_for_round"]:
-            return _waiting(T, work, net, round_ms, alpha_ms)
+            return _waiting(T, work, net, round_ms, alpha_ms, cfg["wait_lag"])
         loops = [round_loop(ends, np.arange(w), round_ms, horizon, cfg["probes"], cfg["max_staleness"], alpha_ms,
                             rng)]
         groups = [list(range(w))]
@@ -302,14 +350,15 @@ def simulate(times, net, work, protocol="rna", **config):
                             "rounds_per_s": rounds / (horizon / 1e3), "groups": groups})
 
 
-def _waiting(T, work, net, round_ms, alpha_ms):
-    """Flat RNA with ``wait_for_round`` as a :class:`SimResult` (:func:`wait_loop`)."""
-    loop = wait_loop(T, work.host_ms, round_ms, alpha_ms)
+def _waiting(T, work, net, round_ms, alpha_ms, lag=0):
+    """Flat RNA with ``wait_for_round`` (and ``wait_lag``) as a :class:`SimResult` (:func:`wait_loop`)."""
+    loop = wait_loop(T, work.host_ms, round_ms, alpha_ms, lag)
     horizon = loop["horizon_ms"]
     sps, steps = throughput_until(loop["ends"], work.batch_size, horizon)
     contrib = loop["contributors"]
     return SimResult("rna", net.size, T.shape[1], sps, horizon / 1e3, steps.tolist(),
                      (loop["wait_ms"] / 1e3).tolist(), rounds=loop["rounds"],
-                     contributors_per_round=float(contrib.mean()) if contrib.size else 0.0, staleness_mean=0.0,
+                     contributors_per_round=float(contrib.mean()) if contrib.size else 0.0,
+                     staleness_mean=float(np.mean(contrib / loop["contributing_ranks"])) - 1.0 if contrib.size else 0.0,
                      extra={"dropped": 0, "response_ms_median": None,
                             "rounds_per_s": loop["rounds"] / (horizon / 1e3), "groups": [list(range(T.shape[1]))]})

@@ -16,6 +16,8 @@ MODE:
              rank's final weight is -lr / n times the sum of the gradients of the rounds it read.
   wait       as samples, with ``wait_for_round=True``: every step waits for the round that takes its gradient
              before it reads, so every step reads a fresh result and nothing is left pending at the end.
+  lag        as wait, with ``wait_lag=1``: step t waits for the round holding step t - 1's gradient; every rank
+             also reports the last round each step read (``read_rounds``, from the step's ``rna_round``).
   stalelr    as samples, with ``stale_lr="inverse"``; every rank also reports r(t), the last round each of its
              steps' gradients included (the ring the contributions' staleness is read from).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
@@ -72,12 +74,12 @@ rna_module.ops = observer
 kwargs = {"probes": 2, "max_staleness": 3, "average_every": 5}
 steps = 100
 spec = "none"
-if mode in ("straggler", "samples", "stalelr", "wait"):
+if mode in ("straggler", "samples", "stalelr", "wait", "lag"):
     spec = "deterministic:3:20"
-    if mode in ("samples", "stalelr", "wait"):
+    if mode in ("samples", "stalelr", "wait", "lag"):
         kwargs.update(update_rule="samples", average_every=0, drift_every=0, average_at_end=False)
-    if mode == "wait":
-        kwargs.update(wait_for_round=True)
+    if mode in ("wait", "lag"):
+        kwargs.update(wait_for_round=True, wait_lag=1 if mode == "lag" else 0)
     if mode == "stalelr":
         kwargs.update(stale_lr="inverse")
 elif mode == "uneven":
@@ -89,14 +91,20 @@ elif mode == "stuck":
     steps = 30
     kwargs.update(finish_timeout_s=2.0, timeout_s=4.0)
 else:
-    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, wait, stalelr, uneven, stall or stuck")
+    raise SystemExit(f"unknown mode {mode!r}; use straggler, samples, wait, lag, stalelr, uneven, stall or stuck")
 
 
 class Stall(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.read = []  # lag: the last round each step read
+
     def on_train_batch_end(self, batch, logs=None):
+        if mode == "lag":
+            self.read.append(int(proto._stats["rna_round"].numpy()))
         if mode == "stall" and rank == 2 and batch == 9:
             proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
-        if mode in ("straggler", "samples", "stalelr", "wait") and rank == 3:
+        if mode in ("straggler", "samples", "stalelr", "wait", "lag") and rank == 3:
             time.sleep(0.06)
 
 
@@ -129,7 +137,8 @@ if mode == "stuck" and rank == 1:
 t0 = time.time()
 timer = StopTimer()
 cbs = [timer, hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt)
-cbs.append(Stall())
+stall = Stall()
+cbs.append(stall)
 error = None
 try:
     model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
@@ -139,7 +148,8 @@ stop_s = time.time() - timer.t
 wall = time.time() - t0
 mine = {"rank": rank, "c": c, "steps_run": int(proto.done_steps), "log": observer.log, "wall_s": wall,
         "w_final": float(model.get_weights()[0].ravel()[0]), "error": error, "stop_s": stop_s,
-        "read_rounds": proto._read_rounds.numpy()[:steps].tolist() if mode == "stalelr" else None}
+        "read_rounds": proto._read_rounds.numpy()[:steps].tolist() if mode == "stalelr" else
+        stall.read if mode == "lag" else None}
 everything = hetsync.transport.allgather_object(mine, name="rna_check")
 if rank == 0:
     with open(out_path, "w") as f:

@@ -113,6 +113,30 @@ def test_waiting_for_the_round_makes_every_step_read_its_own_gradient_before_the
         assert k >= own[-1] + 1  # the rounds read include the one holding the rank's last gradient
 
 
+def test_a_wait_lag_of_one_step_applies_each_gradient_at_most_one_step_late(tmp_path):
+    r, n, lr, by_round = _samples_rule_run(tmp_path, "lag")
+    sums = [sum(len(e["its"]) * (i + 1) for i, e in by_round[rid].items()) for rid in sorted(by_round)]
+    assert sorted(by_round) == list(range(len(sums)))
+    st = r["stats"]
+    assert st["wait_for_round"] and st["wait_lag"] == 1 and st["wait_unpublished"] == 0
+    assert st["staleness_histogram"][2:] == [0] * (len(st["staleness_histogram"]) - 2)  # never three pending
+    prefix = [sum(sums[:k]) for k in range(len(sums) + 1)]
+    overlapped = 0
+    for rk in r["ranks"]:
+        holding = {t: e["round"] for e in rk["log"] for t in e["its"]}
+        read = rk["read_rounds"]
+        assert len(read) == 100 and sorted(holding) == list(range(100))
+        for t in range(1, 100):  # step t read after the round holding step t - 1's gradient was published
+            assert read[t] >= holding[t - 1], (rk["rank"], t, read[t], holding[t - 1])
+        overlapped += sum(read[t] < holding[t] for t in range(100))
+        # every round up to the last one read, each once: the weight is -lr / n x their gradients' sum
+        applied = -rk["w_final"] * n / lr
+        assert abs(applied - prefix[read[-1] + 1]) < 1e-3 * max(1.0, applied), (rk["rank"], applied, read[-1])
+    assert overlapped > 0  # some steps ended before their own gradient's round: the rounds overlapped compute
+    for pr in st["per_rank"]:
+        assert pr["dropped"] == 0 and pr["written"] == pr["taken"] == 100
+
+
 def test_the_staleness_dependent_rate_scales_each_contribution_by_its_rounds_of_staleness(tmp_path):
     out = tmp_path / "stalelr.json"
     launch(4, ["tests/jobs/rna_check.py", "stalelr", str(out)], timeout=240)

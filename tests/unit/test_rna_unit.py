@@ -34,6 +34,9 @@ def init():
     ({"wait_for_round": "yes", "update_rule": "samples"}, "RNA: wait_for_round must be True or False, got 'yes'"),
     ({"wait_timeout_s": 0, "update_rule": "samples"}, "RNA: wait_timeout_s must be a number > 0 (seconds), got 0"),
     ({"stale_lr": "sqrt", "update_rule": "samples"}, "RNA: stale_lr must be one of"),
+    ({"wait_lag": 1, "update_rule": "samples"}, "RNA: wait_lag=1 needs wait_for_round=True"),
+    ({"wait_lag": 5, "update_rule": "samples", "wait_for_round": True}, "RNA: wait_lag=5 exceeds max_staleness=4"),
+    ({"wait_lag": -1}, "RNA: wait_lag must be"),
 ])
 def test_bad_arguments_fail_at_wrap_time(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -118,6 +118,49 @@ def test_rna_waiting_for_its_round_pays_one_round_per_step_and_never_a_straggler
     assert loop["ends"][:, 0].tolist() == [10.0, 23.0, 36.0]
 
 
+def test_rna_with_a_wait_lag_overlaps_the_round_with_the_next_step():
+    # equal devices, no latency, lag 1: step k + 1 starts at max(write k, publication of step k - 1's round).
+    # Round r takes every rank's step r (written at r (T + h) when the round is shorter than a step) and is
+    # published `red` later: the compute never waits and each round carries one gradient per rank.
+    n, K, T, host, red = 3, 40, 10.0, 1.0, 4.0
+    loop = rna.wait_loop(np.full((K, n), T), host, lambda r: red, lag=1)
+    assert loop["ends"][:, 0].tolist() == [(k + 1) * (T + host) for k in range(K)]
+    assert loop["wait_ms"] == pytest.approx([0.0] * n) and (loop["contributors"] == n).all()
+    # a round longer than a step: lag 1 holds each step until the round of the step before is out,
+    # so every period is one round (T + h < red), against T + h + red with lag 0
+    red = 25.0
+    lag1 = rna.wait_loop(np.full((K, n), T), host, lambda r: red, lag=1)
+    lag0 = rna.wait_loop(np.full((K, n), T), host, lambda r: red)
+    assert lag0["horizon_ms"] == pytest.approx(K * (T + host) + (K - 1) * red)
+    period = np.diff(lag1["ends"][K // 2:, 0])
+    assert period == pytest.approx(np.full(period.size, red))  # steady state: one round per step
+    assert lag1["horizon_ms"] < 0.75 * lag0["horizon_ms"]
+    assert (lag1["contributors"] <= 2 * n).all() and (lag1["contributing_ranks"] <= n).all()
+    # through the registry: the lag is counted as staleness, never more than wait_lag gradients late
+    t = workload.step_times("device:10", n, K)
+    net = network.Network((n,), (math.inf,), alpha_s=0.0, local_alpha_s=0.0, local_bytes_per_s=1e9, overhead_s=0.0)
+    w = workload.Workload(model_bytes=4_000_000, host_ms=0.0)  # a round (about 5 ms) shorter than a step
+    lagged = registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=True, wait_lag="1")
+    assert lagged.samples_per_s == pytest.approx(n * 32 / 10e-3) and lagged.staleness_mean == 0.0
+    w = workload.Workload(model_bytes=40_000_000, host_ms=0.0)  # a round (about 53 ms) longer than a step
+    red_ms = net.allreduce_s(40_000_004) * 1e3
+    waited = registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=True)
+    lagged = registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=True, wait_lag="1")
+    assert waited.samples_per_s == pytest.approx(n * 32 * K / ((K * 10.0 + (K - 1) * red_ms) / 1e3))
+    # lag 1: step k >= 2 starts when step k - 2's round is out, one round after the previous one: write k at
+    # 2 T + (k - 1) red; each round takes one gradient per rank (applied a step late), so no pending pile-up
+    assert lagged.duration_s * 1e3 == pytest.approx(2 * 10.0 + (K - 2) * red_ms)
+    assert lagged.samples_per_s > 1.15 * waited.samples_per_s and lagged.staleness_mean == 0.0
+    for bad, message in ((1, "needs wait_for_round=true"), ("-1", "wait_lag must be an int >= 0"),
+                         (1.5, "wait_lag must be an int >= 0")):
+        with pytest.raises(ValueError, match=message):
+            registry.simulate("rna", t, net, w, update_rule="samples", wait_lag=bad)
+    with pytest.raises(ValueError, match="exceeds max_staleness=4"):
+        registry.simulate("rna", t, net, w, update_rule="samples", wait_for_round=True, wait_lag=5)
+    with pytest.raises(ValueError, match="lag must be an int >= 0"):
+        rna.wait_loop(np.full((3, 2), 1.0), 0.0, lambda r: 1.0, lag=-1)
+
+
 def test_rna_with_the_wait_through_the_registry_and_its_refusals():
     n, K = 4, 100
     t = workload.step_times("device:40", n, K)

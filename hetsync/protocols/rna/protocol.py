@@ -43,7 +43,9 @@ How one rank works
   step waits until the round that takes its gradients is published (:func:`hetsync.ops.grad_cache_wait_published`,
   at most ``wait_timeout_s``; after a wait that timed out, no step waits until the next round is published), and
   only then reads and takes the critical section, so each gradient is applied before the rank computes its next
-  one (without it every gradient is applied at least one step late). The controller then probes every active
+  one (without it every gradient is applied at least one step late). With ``wait_lag=L`` step t waits instead for
+  the round holding step t - L's gradient: the rounds of the last L gradients overlap the next steps' compute, and
+  no gradient is applied more than L steps late. The controller then probes every active
   rank. The communication thread releases such waits when it ends (:func:`hetsync.ops.grad_cache_set_released`).
 * **Drift**: between rounds each rank applies its own local gradients, and those local steps are
   never averaged away by later rounds (every rank applies the same averaged results), so replicas
@@ -128,6 +130,13 @@ class RNAConfig(ProtocolConfig):
                "latency, never a straggler's step (a round takes whoever is ready); the controller then probes "
                "every active rank (``probes`` is not used), so a waiting rank initiates the next round at once. "
                "Not with the paper's rule.")
+    wait_lag: int = param(
+        0, "int in [0, max_staleness], with ``wait_for_round``: the steps a gradient may trail the step that waits "
+           "for it. 0: a step waits for the round holding its own gradient (each gradient applied before the next is "
+           "computed); L: step t waits for the round holding the gradient of step t - L, so the rounds of the last L "
+           "gradients overlap the compute of the next steps, and each gradient is applied at most L steps late "
+           "(a pipeline of L stale steps, as Pipe-SGD's: Li, Ben-Nun, Girija, Poston and Li, NeurIPS 2018). Not "
+           "without ``wait_for_round``.", ge=0, unit="local iterations")
     wait_timeout_s: float = param(
         1.0, "float seconds (> 0), with ``wait_for_round``: the longest a step waits for its round. A wait that "
              "times out is counted (``rna_wait_unpublished``) and the steps after it do not wait until the next "
@@ -214,6 +223,12 @@ class RNAProtocol(Protocol):
         return bool(getattr(self.cfg, "wait_for_round", False))
 
     @property
+    def wait_lag(self):
+        """Steps a waited-for gradient may trail the waiting step (int): the config's ``wait_lag``; 0 for a
+        configuration without one (hierarchical RNA)."""
+        return int(getattr(self.cfg, "wait_lag", 0))
+
+    @property
     def _done_steps(self):
         return self.done_steps
 
@@ -227,6 +242,12 @@ class RNAProtocol(Protocol):
                              "scale_lr=False (the default) and the learning rate BSP uses")
         if self.cfg.probes > max(n, 2):  # the default 2 is accepted on a world of one rank (nothing to choose)
             raise ValueError(f"RNA: probes={self.cfg.probes} exceeds the world size {n}; use 1..{max(n, 2)}")
+        if self.wait_lag and not self.wait_for_round:
+            raise ValueError(f"RNA: wait_lag={self.wait_lag} needs wait_for_round=True (without the wait a step never "
+                             "waits for a round); use wait_lag=0")
+        if self.wait_lag > self.cfg.max_staleness:
+            raise ValueError(f"RNA: wait_lag={self.wait_lag} exceeds max_staleness={self.cfg.max_staleness}: the "
+                             "gradients a step may leave pending would be dropped; use wait_lag <= max_staleness")
         if self.wait_for_round and self.update_rule != "samples":
             raise ValueError("RNA: wait_for_round=True needs update_rule='samples' (under the paper's rule a step "
                              "already applies its own gradient locally)")
@@ -353,9 +374,9 @@ class RNAProtocol(Protocol):
         with tf.control_dependencies(recorded):
             dropped = ops.grad_cache_write(self._cache, grads, it)
         deps = [dropped]
-        if self.wait_for_round:  # the round that takes this step's gradients, then read it
+        if self.wait_for_round:  # the round that takes the gradients of step it - wait_lag, then read it
             with tf.control_dependencies([dropped]):
-                published, wait_ms = ops.grad_cache_wait_published(self._cache, it,
+                published, wait_ms = ops.grad_cache_wait_published(self._cache, it - self.wait_lag,
                                                                    world.dilated(self.cfg.wait_timeout_s) * 1e3)
             self._stats["rna_round_wait_ms"].assign(wait_ms)
             self._stats["rna_wait_unpublished"].assign_add(1.0 - tf.cast(published, tf.float64))

@@ -19,7 +19,7 @@ def gather(proto, late):
 
     Returns:
         dict: ``rounds``, ``round_allreduce_ms_median`` and ``_max`` (milliseconds), contributor counts and
-        histogram, ``staleness_histogram``, ``wait_for_round`` and ``wait_unpublished`` (steps), dropped,
+        histogram, ``staleness_histogram``, ``wait_for_round``, ``wait_lag`` and ``wait_unpublished`` (steps), dropped,
         undrained, unsynchronized and unread counts, ``fresh_fraction``, drift figures, ``per_rank``; with
         ``stale_lr="inverse"`` the round staleness and mean rate factor; on the controller's rank its initiator
         counts and probe response times (milliseconds).
@@ -53,6 +53,7 @@ def gather(proto, late):
         "staleness_histogram": hist,
         "stale_lr": proto.stale_lr,
         "wait_for_round": proto.wait_for_round,
+        "wait_lag": proto.wait_lag,
         # steps whose wait ended without their round (a timeout, or the rounds ended first)
         "wait_unpublished": sum(d["wait_unpublished"] for d in per_rank),
         "dropped_gradients": sum(d["dropped"] for d in per_rank),
