@@ -296,7 +296,9 @@ _FULL_CELLS = (
 # The emulated multi-host cluster (``--preset cluster``): 8 ranks on hosts of their own joined by shaped links,
 # the wide MLP (1.86M parameters, 7.5 MB of gradients a step on MNIST; 1.13M on digits), device:10 (10 ms
 # per 32-sample step), D calibrated per cell. Headline: RNA against BSP on 4 hosts x 2 at 10 Gbit/s under
-# random:6, RNA in the main job's setting (the samples rule, each step waiting for its round). Hierarchical
+# random:6, RNA on the samples rule with a pipelined wait (each step waits for the round of the step before it,
+# wait_lag=1: a round's 7.5 MB allreduce takes longer than a 10 ms step here, and the main job's wait for the
+# step's own round would add it to every step). Hierarchical
 # RNA grouped by host against flat RNA on a mixed network (h2's link 4x slower) with 6 workers on 3 hosts and
 # the 2 servers on hosts of their own. Layer-wise against memory-wise sharding with 2 servers on 1 Gbit/s links
 # (layer-wise puts 1,115,136 of the 1,126,410 parameters on one server), on fixed equal shares: on the sample
@@ -306,7 +308,7 @@ _CLUSTER_4X2 = ClusterSpec(hosts=4, slots=2, link="10gbit")
 _SERVERS_APART = (("h3", 1), ("h4", 1))
 _CLUSTER_CELLS = (
     Cell("mnist", "device:10+random:6", seeds=(0, 1, 2), np=8, epochs=2, cluster=_CLUSTER_4X2, model="wide",
-         protocols=("bsp", "rna(update_rule=samples;wait_for_round=true)")),
+         protocols=("bsp", "rna(update_rule=samples;wait_for_round=true;wait_lag=1)")),
     Cell("mnist", "device:10+random:6", seeds=(0, 1, 2), np=8, protocols=("rna", "rnah(groups=host;servers=2)"),
          epochs=2, cluster=ClusterSpec(hosts=5, slots=2, link="10gbit", host_slots=_SERVERS_APART,
                                        host_links=(("h2", "2.5gbit"),)), model="wide"),

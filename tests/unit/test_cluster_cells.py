@@ -104,7 +104,8 @@ def test_the_cluster_preset_plans_exactly_its_variants_and_launches_on_the_clust
     for _, cell, proto in order:
         by_cell.setdefault(cell.key, set()).add(proto)
     assert by_cell == {
-        "np8:mnist/device:10+random:6@4x2/10gbit[wide]": {"bsp", "rna(update_rule=samples;wait_for_round=true)"},
+        "np8:mnist/device:10+random:6@4x2/10gbit[wide]":
+            {"bsp", "rna(update_rule=samples;wait_for_round=true;wait_lag=1)"},
         "np8:mnist/device:10+random:6@h0:2,h1:2,h2:2,h3:1,h4:1/10gbit,h2=2.5gbit[wide]":
             {"rna", "rnah(groups=host;servers=2)"},
         "np8:digits/device:10@h0:2,h1:2,h2:2,h3:1,h4:1/1gbit[wide]":
