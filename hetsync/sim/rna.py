@@ -24,7 +24,8 @@ so what is modelled:
   takes every gradient written by then, and is published one reduction later; each rank that contributed starts its
   next step at that moment. Compute waits one round's latency per step, never for a straggler's step
   (:func:`wait_loop`). With ``wait_lag=L`` a rank starts step k + 1 once the round holding step k - L's gradient
-  is published, so up to L rounds of its gradients overlap its compute. Under the samples rule the parameter average is off unless ``average_every`` asks.
+  is published, so up to L rounds of its gradients overlap its compute. Under the samples rule the parameter
+  average is off unless ``average_every`` asks.
 * **Hierarchical RNA** (section 4): the last ``servers`` ranks serve and do not compute; groups are the
   launch's hosts (``groups="host"``), explicit lists, or (``"auto"``) the grouping rule of section 4
   applied to the ranks' mean step times (:func:`hetsync.protocols.rna.grouping.speed_groups`). Each group
