@@ -157,7 +157,9 @@ def _net_for(inputs, protocol):
         base = inputs.net
         slots = list(base.slots) + [1] * inputs.servers
         rates = list(base.link_bytes_per_s) + [max(base.link_bytes_per_s)] * inputs.servers
-        return dataclasses.replace(base, slots=tuple(slots), link_bytes_per_s=tuple(rates)) if n != base.size else base
+        queue = list(base.link_queue_s) + [max(base.link_queue_s)] * inputs.servers
+        return dataclasses.replace(base, slots=tuple(slots), link_bytes_per_s=tuple(rates),
+                                   link_queue_s=tuple(queue)) if n != base.size else base
     return inputs.net
 
 

@@ -172,11 +172,14 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
         overhead divided by D; the links at the faster of the two measured rates (the ring's beta and the
         point-to-point B), each host's its set rate scaled so that the slowest edge carries that rate (times D: the
         emulated cluster's time); ``collective_efficiency`` beta over it and ``p2p_efficiency`` B over it (both at
-        most 1; B = beta without point-to-point times), so the model gives both measured rates.
+        most 1; B = beta without point-to-point times), so the model gives both measured rates; ``link_queue_s``
+        each host's link buffer as the cluster shapes it (:func:`hetsync.emulation.cluster.spec.queue_delay_s` at
+        the set rate / D, divided by D; 0 for an unshaped link).
 
     Raises:
         ValueError: a rate, host list or dilation the network model refuses.
     """
+    from hetsync.emulation.cluster import spec as _cluster_spec
     from hetsync.sim import network
 
     d = float(dilation)
@@ -187,10 +190,12 @@ def network_from_fit(fit, np_, hosts, link, host_links=(), dilation=1.0):
     ring, p2p = fit["ring_bytes_per_s"], fit.get("p2p_bytes_per_s") or fit["ring_bytes_per_s"]
     fast = max(ring, p2p)  # the link carries at least what the faster of the two reached
     coll_alpha = fit.get("collective_alpha_s", fit["alpha_s"])  # a fit recorded before the two were told apart
+    # each link's buffer as the cluster shapes it (wall seconds at the shaped rate, set rate / D), in emulated time
+    queue = tuple(_cluster_spec.queue_delay_s(r * 8.0 / d) / d for r in base.link_bytes_per_s)
     return network.Network(base.slots, tuple(r * fast * d / slow for r in base.link_bytes_per_s),
                            alpha_s=fit["alpha_s"] / d, overhead_s=fit["overhead_s"] / d,
                            p2p_efficiency=p2p / fast, collective_efficiency=ring / fast,
-                           collective_alpha_s=coll_alpha / d)
+                           collective_alpha_s=coll_alpha / d, link_queue_s=queue)
 
 
 def sim_config(protocol, args, variable_bytes=None):

@@ -102,6 +102,11 @@ class Network:
             message of the application's transport (mpi4py, a receive thread): the microbenchmark measures the
             two apart, and a collective's fixed cost (its small-message time) can be far below 2 (p - 1) times a
             point-to-point message's latency.
+        link_queue_s: tuple of floats >= 0 (one per host; None: no queue, every 0), seconds a small message waits
+            behind a full queue of the host's outgoing link (a shaped link's buffer,
+            :func:`hetsync.emulation.cluster.spec.queue_delay_s`). The parameter servers' model
+            (:mod:`hetsync.sim.ps`) charges it to a large message whose receiver's clear-to-send leaves while that
+            receiver's own link is sending.
     """
 
     slots: tuple
@@ -113,6 +118,7 @@ class Network:
     p2p_efficiency: float = 1.0
     collective_efficiency: float = 1.0
     collective_alpha_s: float = None
+    link_queue_s: tuple = None
 
     def __post_init__(self):
         # resolved once: a dataclasses.replace(net, alpha_s=...) keeps this collective latency unless given too
@@ -121,6 +127,11 @@ class Network:
         if len(self.slots) != len(self.link_bytes_per_s) or not self.slots:
             raise ValueError(f"need one link rate per host: {len(self.slots)} hosts, "
                              f"{len(self.link_bytes_per_s)} rates")
+        queue = (0.0,) * len(self.slots) if self.link_queue_s is None else tuple(self.link_queue_s)
+        if len(queue) != len(self.slots) or not all(q >= 0 and math.isfinite(q) for q in queue):
+            raise ValueError(f"link_queue_s must give one finite number of seconds >= 0 per host ({len(self.slots)} "
+                             f"hosts), got {self.link_queue_s!r}")
+        object.__setattr__(self, "link_queue_s", tuple(float(q) for q in queue))
         if min(self.link_bytes_per_s) <= 0 or self.local_bytes_per_s <= 0:
             raise ValueError(f"bandwidths must be > 0 bytes/s, got links {self.link_bytes_per_s} and local "
                              f"{self.local_bytes_per_s}")
@@ -246,4 +257,5 @@ class Network:
                 "alpha_ms": self.alpha_s * 1e3, "collective_alpha_ms": self.collective_alpha_s * 1e3,
                 "overhead_ms": self.overhead_s * 1e3,
                 "local_gbyte_s": self.local_bytes_per_s / 1e9, "p2p_efficiency": self.p2p_efficiency,
-                "collective_efficiency": self.collective_efficiency}
+                "collective_efficiency": self.collective_efficiency,
+                "link_queue_ms": [q * 1e3 for q in self.link_queue_s]}

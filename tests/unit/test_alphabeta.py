@@ -2,10 +2,12 @@
 launches: message sizes, the line through timed points, the network model recovered from synthetic timings of a
 known network at a time dilation, and BSP's closed-form E on it."""
 import json
+import math
 
 import pytest
 
 from hetsync.bench import alphabeta
+from hetsync.emulation.cluster import spec as cluster_spec
 from hetsync.emulation.cluster.spec import ClusterSpec
 from hetsync.sim import network
 
@@ -120,6 +122,15 @@ def test_a_mixed_network_keeps_its_slow_host_and_the_slower_kind_of_message_gets
     assert net.link_bytes_per_s[2] == pytest.approx(2 * 2.5e9 / 8)
     assert (net.p2p_efficiency, net.collective_efficiency) == (1.0, pytest.approx(0.5))
     assert net.ring()[1] == pytest.approx(2.5e9 / 8) and net.p2p_path(0, 4)[1] == pytest.approx(2 * 2.5e9 / 8)
+    # each link's buffer as the cluster's token bucket holds it (50 ms and the burst at the shaped rate, wall), in the
+    # emulated cluster's time: 10 Gbit/s / 60 = 166.7 Mbit/s, burst 128 KiB; h2 at 2.5 Gbit/s / 60 = 41.7 Mbit/s
+    fast_q = (0.050 + 128 * 1024 * 8 / (10e9 / 60)) / 60
+    slow_q = (0.050 + 128 * 1024 * 8 / (2.5e9 / 60)) / 60
+    assert net.link_queue_s == pytest.approx((fast_q, fast_q, slow_q, fast_q, fast_q))
+    assert net.describe()["link_queue_ms"][2] == pytest.approx(slow_q * 1e3)
+    assert cluster_spec.queue_delay_s(math.inf) == 0.0  # an unshaped link has no token bucket
+    with pytest.raises(ValueError, match="rate"):
+        cluster_spec.queue_delay_s(0.0)
     with pytest.raises(ValueError, match="dilation"):
         alphabeta.network_from_fit(fit, 8, "4x2", "10gbit", dilation=0.5)
 

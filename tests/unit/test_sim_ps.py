@@ -64,6 +64,34 @@ def test_many_fast_workers_saturate_one_slow_server_link():
     assert sum(r.wait_s) > 0.9 * n * r.duration_s
 
 
+def test_a_server_takes_one_push_at_a_time_and_its_clear_to_send_queues_behind_its_replies():
+    # 6 fast workers, one server behind a slow link: the server's receive thread takes one push at a time, so the
+    # next push's bytes start once the one before arrived (alpha after its last byte) and, with a link queue, once
+    # the server's clear-to-send got out past the reply it is sending: q + m / rate + alpha per push (closed form)
+    n, m, slow, alpha = 6, 4_000_000, 1e8, 1e-3
+    d_ms = m / slow * 1e3
+    times = StepTimes(np.full((80, n), 1.0))
+
+    def net(q):
+        return Network((1,) * (n + 1), (1e10,) * n + (slow,), alpha_s=alpha, link_queue_s=(0.0,) * n + (q,))
+
+    plain = ps.simulate(times, net(0.0), Workload(m, B), protocol="asp")
+    assert plain.samples_per_s == pytest.approx(B / ((d_ms + alpha * 1e3) / 1e3), rel=0.01)
+    queued = ps.simulate(times, net(5e-3), Workload(m, B), protocol="asp")
+    assert queued.samples_per_s == pytest.approx(B / ((5.0 + d_ms + alpha * 1e3) / 1e3), rel=0.01)
+    # the server's downlink idles while a push's handshake waits: busy d / (q + d + alpha) of the time
+    assert queued.extra["server_link_in_utilisation"][0] == pytest.approx(d_ms / (5.0 + d_ms + 1.0), rel=0.02)
+    # a lone worker's messages never meet a busy link: the queue costs it nothing
+    one = [ps.simulate(StepTimes(np.full((50, 1), 20.0)), Network((1, 1), (slow, slow), alpha_s=alpha,
+                                                                   link_queue_s=(q, q)), Workload(m, B),
+                       protocol="asp").samples_per_s for q in (0.0, 5e-3)]
+    assert one[1] == pytest.approx(one[0], rel=1e-12)
+    with pytest.raises(ValueError, match="link_queue_s"):
+        Network((1, 1), (slow, slow), link_queue_s=(0.0,))
+    with pytest.raises(ValueError, match="link_queue_s"):
+        Network((1, 1), (slow, slow), link_queue_s=(0.0, -1.0))
+
+
 def test_memory_sharding_beats_layer_sharding_when_one_layer_holds_most_bytes():
     n, m, slow = 8, 4_000_000, 1e8
     net = Network((1,) * (n + 2), (1e10,) * n + (slow, slow), alpha_s=25e-6)

@@ -26,7 +26,8 @@ import secrets
 import shutil
 import subprocess
 
-from hetsync.emulation.cluster.spec import ClusterSpec, format_rate, host_address, host_name
+from hetsync.emulation.cluster.spec import (QUEUE_LATENCY_S, ClusterSpec, burst_bytes, format_rate, host_address,
+                                            host_name)
 from hetsync.emulation.cluster.ssh import STATE_ROOT, SshHosts, sshd_path
 from hetsync.errors import ClusterError
 
@@ -194,7 +195,7 @@ class Cluster:
             rate = self.spec.shaped_rate(i)
             for where, dev in ((sw, host_name(i)), (ns, "eth0")) if math.isfinite(rate) else ():
                 _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", format_rate(rate),
-                      "burst", str(_burst_bytes(rate)), "latency", "50ms"])
+                      "burst", str(burst_bytes(rate)), "latency", f"{QUEUE_LATENCY_S * 1e3:g}ms"])
 
     def down(self):
         """Delete this cluster's namespaces (their links go with them) and ``/etc/netns`` entries.
@@ -294,7 +295,7 @@ class Cluster:
         """Send ``nbytes`` over TCP from host ``src`` to host ``dst`` and return the receiver's rate.
 
         The receiver times the last three quarters of the bytes, so neither connection set-up nor the
-        token bucket's initial burst (:func:`_burst_bytes`, sent at once) is counted.
+        token bucket's initial burst (:func:`hetsync.emulation.cluster.spec.burst_bytes`, sent at once) is counted.
 
         Args:
             src, dst: int host indices (different). nbytes: int bytes > 0. port: int TCP port.
@@ -374,8 +375,3 @@ class Cluster:
 def _bps(rate):
     """A rate for JSON: float bits per second, or None for an unshaped link (infinite rate)."""
     return rate if math.isfinite(rate) else None
-
-
-def _burst_bytes(rate_bps):
-    """Token-bucket depth for a shaped rate: 5 ms of traffic, at least 128 KiB (two 64 KiB GSO segments)."""
-    return max(int(rate_bps / 8 * 0.005), 128 * 1024)

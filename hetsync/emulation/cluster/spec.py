@@ -12,7 +12,7 @@ import dataclasses
 import re
 
 __all__ = ["ClusterSpec", "parse_rate", "parse_host_links", "format_rate", "MAX_HOSTS", "ADDRESS_PREFIX", "host_name", "host_address", "UNSHAPED",
-           "parse_host_slots"]
+           "parse_host_slots", "QUEUE_LATENCY_S", "burst_bytes", "queue_delay_s"]
 
 #: most hosts one cluster may have (one network namespace, one link and one sshd each).
 MAX_HOSTS = 64
@@ -20,6 +20,8 @@ MAX_HOSTS = 64
 ADDRESS_PREFIX = "198.18.0."
 #: the link rate that means "no shaping" (:func:`parse_rate` gives infinity).
 UNSHAPED = "unshaped"
+#: seconds of traffic a shaped link's queue holds beyond its burst (``tc tbf ... latency 50ms``).
+QUEUE_LATENCY_S = 0.050
 _UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
 
@@ -85,6 +87,35 @@ def format_rate(bits_per_s):
         if bits_per_s >= _UNITS[unit]:
             return f"{bits_per_s / _UNITS[unit]:.6g}{unit}"
     return f"{bits_per_s:.6g}bit"
+
+
+def burst_bytes(rate_bps):
+    """The token bucket's depth of a link shaped to ``rate_bps`` (float bits per second > 0, the shaped rate):
+    5 ms of traffic, at least 128 KiB (two 64 KiB GSO segments), int bytes."""
+    return max(int(rate_bps / 8 * 0.005), 128 * 1024)
+
+
+def queue_delay_s(rate_bps):
+    """How long a packet waits behind a full queue of a link shaped to ``rate_bps``: the bucket's depth
+    (:func:`burst_bytes`) and :data:`QUEUE_LATENCY_S` of traffic, drained at the rate.
+
+    A message that must cross a link busy with a bulk transfer (a receiver's clear-to-send behind its own
+    outgoing data) waits about this long; :class:`hetsync.sim.network.Network` takes it as ``link_queue_s``.
+
+    Args:
+        rate_bps: float bits per second > 0, the shaped rate (the emulated rate / D); infinity: unshaped.
+
+    Returns:
+        float seconds >= 0 of wall time (0 for an unshaped link, which has no token bucket).
+
+    Raises:
+        ValueError: a rate that is not > 0.
+    """
+    if not rate_bps > 0:
+        raise ValueError(f"a shaped rate must be > 0 bits/s, got {rate_bps!r}")
+    if math.isinf(rate_bps):
+        return 0.0
+    return QUEUE_LATENCY_S + burst_bytes(rate_bps) * 8.0 / rate_bps
 
 
 def host_name(i):
