@@ -14,6 +14,8 @@ MODE:
   groups  3 workers + 1 server, groups=[[0, 1], [2]], an MLP on digits, rank 2 20 ms slower per step.
   auto    3 workers + 1 server, groups="auto", warmup_steps=8, an MLP on digits, rank 2 40 ms slower
           per step (20 steps; ranks 0 and 1 run 250): the measured times must split {0, 1} from {2}.
+  delta   as ``groups`` with server_rule="delta": each initiator records the last element of every model it
+          pushed and pulled, so the server's sums can be replayed in its service order.
   host    as ``groups`` with groups="host": the launch gives ranks 0, 1 one host name and rank 2 another
           (HOROVOD_HOSTNAME per rank in an MPMD launch), so the groups must come out [[0, 1], [2]].
   bad     3 ranks (2 workers + 1 server): wrapping with bad groups or probes fails before training;
@@ -90,14 +92,16 @@ if mode == "one":
     if hetsync.is_server():
         fit = {"x": x[:b], "y": y[:b], "batch_size": b, "shuffle": False}
 else:
-    if mode in ("groups", "host"):
-        kwargs = {"groups": [[0, 1], [2]] if mode == "groups" else "host", "average_every": 5}
+    if mode in ("groups", "host", "delta"):
+        kwargs = {"groups": [[0, 1], [2]] if mode != "host" else "host", "average_every": 5}
+        if mode == "delta":
+            kwargs["server_rule"] = "delta"
         spec, steps = "uniform:20:20@2", 40
     elif mode == "auto":
         kwargs = {"groups": "auto", "warmup_steps": 8}
         spec, steps = "uniform:40:40@2", (20 if rank == 2 else 250)  # the fast group trains on after the split
     else:
-        raise SystemExit(f"unknown mode {mode!r}; use one, groups, host, auto or bad")
+        raise SystemExit(f"unknown mode {mode!r}; use one, groups, delta, host, auto or bad")
     ds = hetsync.data.load("digits", seed=0)
     model = keras.Sequential([keras.Input(ds.input_shape), keras.layers.Flatten(),
                               keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10, activation="softmax")])
@@ -117,11 +121,29 @@ def join_round(round_id, initiator, average, drift, ps=False):
 
 
 proto.join_round = join_round
+exchanges = []  # (epoch, group, round, pushed[-1], pulled[-1]) of every server exchange this rank initiated
+if mode == "delta":
+    real_snapshot, real_overwrite = proto.snapshot, proto._overwrite
+    last = {}
+
+    def snapshot():
+        x = real_snapshot()
+        last["x"] = float(np.asarray(x)[-1])  # the output layer's last bias: every step moves it
+        return x
+
+    def overwrite(pulled):
+        cur = observer.current
+        if cur and cur["ps"] and cur["initiator"] == rank:  # the phase pushed the last snapshot and pulled this
+            exchanges.append([cur["epoch"], cur["group"], cur["round"], last.pop("x"), float(np.asarray(pulled)[-1])])
+        return real_overwrite(pulled)
+
+    proto.snapshot, proto._overwrite = snapshot, overwrite
+initial = float(np.ravel(model.get_weights()[-1])[-1])
 cbs = [hetsync.callbacks.Slowdown(spec, seed=0)] + hetsync.callbacks.standard(opt)
 model.fit(**fit, epochs=1, verbose=0, callbacks=cbs)
 final = np.concatenate([np.ravel(w) for w in model.get_weights()]).tolist()
 mine = {"rank": rank, "role": hetsync.role(), "c": c, "steps_run": proto.done_steps, "log": observer.log,
-        "final": final, "stats": proto.step_stats()}
+        "final": final, "stats": proto.step_stats(), "exchanges": exchanges, "initial": initial}
 everything = hetsync.transport.allgather_object(mine, name="rnah_check")
 if rank == 0:
     with open(out_path, "w") as f:

@@ -2,6 +2,7 @@
 within a group, parameters are bit-identical within a group after each broadcast, the automatic rule
 splits a slow worker off after the warm-up, bad groups fail before training (``tests/jobs/rnah_check.py``)."""
 
+import numpy as np
 from conftest import JOBS_DIR, PY, launch, read_json, run_job
 
 SCRIPT = f"{JOBS_DIR}/rnah_check.py"
@@ -95,6 +96,37 @@ def test_explicit_groups_reduce_within_the_group_and_broadcast_bit_identical_par
     stats = {rk["rank"]: rk["stats"] for rk in r["ranks"]}
     assert [stats[i]["rnah_group"] for i in range(3)] == [0.0, 0.0, 1.0]
     assert all(stats[i]["rnah_groups"] == 2.0 for i in range(3))
+    assert len({tuple(rk["final"]) for rk in r["ranks"]}) == 1
+
+
+def test_the_delta_rule_adds_each_groups_progress_to_one_model_on_the_server(tmp_path):
+    """server_rule="delta" with groups [[0, 1], [2]]: replayed in the server's service order, every pull is the
+    server's model plus the pushing group's progress since its own last pull (x += x_g - b_g; b_g = x), in float64
+    from the initial model, on the last parameter (a bias of the output layer); the average rule would give
+    (x_0 + x_1) / 2 instead."""
+    r = _run(tmp_path, "delta")
+    s = r["summary"]
+    assert s["groups"] == [[0, 1], [2]] and s["server_rule"] == "delta"
+    by_round = check_rounds(r)
+    check_overwrites(s, {key: sorted(entries) for key, entries in by_round.items()})
+    per_group = {}
+    for rk in r["ranks"]:
+        for epoch, group, rnd, pushed, pulled in rk["exchanges"]:
+            per_group.setdefault(group, []).append((rnd, pushed, pulled))
+    for v in per_group.values():
+        v.sort()
+    order = s["per_server"][0]["order"]
+    assert sorted(per_group) == [0, 1] and len(order) == sum(len(v) for v in per_group.values()) == s["ps_exchanges"]
+    x0 = np.float32(r["ranks"][0]["initial"])
+    model, base, seen, moved = np.float64(x0), {0: x0, 1: x0}, {0: 0, 1: 0}, 0
+    for epoch, group, _ in order:
+        _, pushed, pulled = per_group[group][seen[group]]
+        seen[group] += 1
+        model += np.float64(np.float32(pushed)) - np.float64(base[group])
+        assert np.float32(pulled) == np.float32(model), (epoch, group, seen[group], pulled, model)
+        moved += np.float32(pushed) != base[group]
+        base[group] = np.float32(model)
+    assert moved > 0.5 * len(order)  # the groups did learn between their exchanges
     assert len({tuple(rk["final"]) for rk in r["ranks"]}) == 1
 
 

@@ -5,7 +5,8 @@ import pytest
 
 import hetsync
 from hetsync.protocols import HierarchicalRNAConfig, parse_protocol_args
-from hetsync.protocols.rna.groups import GroupController, SlotAverage, check_groups_fit, host_groups, speed_groups
+from hetsync.protocols.rna.groups import (DeltaSum, GroupController, SlotAverage, check_groups_fit, host_groups,
+                                          speed_groups)
 
 
 @pytest.mark.parametrize("times, groups", [
@@ -133,6 +134,46 @@ def test_server_rule_a_pull_after_sequential_pushes_and_slot_replacement():
         avg.push(3, xs[0])
     with pytest.raises(ValueError, match="shape"):
         avg.push(0, xs[0][:3])
+
+
+def test_server_rule_delta_adds_each_groups_progress_since_its_last_pull():
+    rng = np.random.default_rng(1)
+    x0 = rng.standard_normal(7).astype(np.float32)
+    n = 3
+    ds = DeltaSum(x0, n)
+    xs = [rng.standard_normal(7).astype(np.float32) for _ in range(n)]
+    x64 = x0.astype(np.float64)
+    for g in range(n):  # every group moved from x0: group g's pull is x0 + sum_{h<=g} (x_h - x0)
+        pulled = ds.push(g, xs[g])
+        expect = x64 + sum(xs[h].astype(np.float64) - x64 for h in range(g + 1))
+        np.testing.assert_allclose(pulled, expect.astype(np.float32), rtol=0, atol=1e-5)
+        assert pulled.dtype == np.float32
+    # group 0 moves by d from the model it pulled: the server's model moves by exactly d, nothing else
+    base0 = (x64 + (xs[0].astype(np.float64) - x64)).astype(np.float32)  # what group 0 pulled
+    d = np.full(7, 0.25, np.float32)
+    before = ds.current().astype(np.float64)
+    after = ds.push(0, base0 + d)
+    np.testing.assert_allclose(after.astype(np.float64) - before, d, atol=1e-5)
+    # pushing back exactly what was pulled changes nothing
+    np.testing.assert_array_equal(ds.push(0, after), after)
+    assert ds.pushes == [3, 1, 1]
+    # the slot average moves the model by d / N for the same step
+    avg = SlotAverage(x0, n)
+    moved = avg.push(0, x0 + d)
+    np.testing.assert_allclose(moved - x0, d / n, atol=1e-6)
+    with pytest.raises(ValueError, match="outside"):
+        ds.push(3, xs[0])
+    with pytest.raises(ValueError, match="shape"):
+        ds.push(0, xs[0][:3])
+    with pytest.raises(ValueError, match="n_groups"):
+        DeltaSum(x0, 0)
+
+
+def test_server_rule_is_checked_before_training():
+    with pytest.raises(ValueError, match="server_rule"):
+        HierarchicalRNAConfig(server_rule="median")
+    assert HierarchicalRNAConfig(server_rule="delta").server_rule == "delta"
+    assert HierarchicalRNAConfig().server_rule == "average"
 
 
 class _Cfg:

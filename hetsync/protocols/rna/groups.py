@@ -14,7 +14,9 @@ a group, the push/pull and the broadcast) is :mod:`hetsync.protocols.rna.hierarc
   ``sync_every``-th round of its group as a parameter-server round and, in the warm-up of
   ``groups="auto"``, collects the measured step times and applies the rule.
 * :class:`SlotAverage` and :class:`GroupServer`: the central server of section 6, "model averaging":
-  it keeps the latest model pushed by each group and returns their mean (rule A of docs/protocols/rnah.md).
+  it keeps the latest model pushed by each group and returns their mean (rule A of docs/protocols/rnah.md);
+  :class:`DeltaSum`, ``server_rule="delta"``: one model to which each group adds what it learnt since its
+  last pull (an asynchronous parameter server over the groups).
 
 Messages (all through :mod:`hetsync.transport.p2p`):
 
@@ -36,8 +38,8 @@ from hetsync.errors import RNAHError
 from hetsync.transport import channels
 
 __all__ = ["speed_groups", "check_groups", "parse_groups", "check_groups_fit", "GroupController", "SlotAverage",
-           "GroupServer", "RNAHError", "TO_SERVER", "FROM_SERVER", "REDUCE", "RESULT", "PARAMS", "PARAMS_BACK",
-           "BCAST", "GROUP_CHANNELS"]
+           "DeltaSum", "SERVER_RULES", "GroupServer", "RNAHError", "TO_SERVER", "FROM_SERVER", "REDUCE", "RESULT",
+           "PARAMS", "PARAMS_BACK", "BCAST", "GROUP_CHANNELS"]
 
 #: worker -> server (tags "push", "groups", "alive", "done").
 TO_SERVER = channels.RNAH_TO_SERVER
@@ -283,9 +285,67 @@ class SlotAverage:
             total += s
         return (total / len(self.slots)).astype(np.float32)
 
+    def current(self):
+        """The model a pull returns now without a push (float32 [m]): the mean of the slots."""
+        return self.mean()
+
+
+class DeltaSum:
+    """The server's rule ``server_rule="delta"``: one model, to which a group adds what it learnt since its last pull.
+
+    The asynchronous parameter server of Dean et al. ("Large Scale Distributed Deep Networks", NIPS 2012,
+    Downpour SGD) with the groups as its clients, option C of the paper's open point: the server keeps one model
+    x (float64, starts as x0) and, per group, the model b_g its last pull returned (x0 at first). A push of x_g
+    from group g adds x_g - b_g to x, sets b_g = x and returns x. With N groups each moving by d_g from x0 and
+    pushing in turn, group g's pull is x0 + sum_{h<=g} d_h: the groups' progress adds up, where the slot average
+    (:class:`SlotAverage`) returns x0 + (1/N) sum_{h<=g} d_h, so a step of each group moves the model 1/N as far.
+
+    Args:
+        x0: float32 array [m], this server's shard of the initial model. n_groups: int N >= 1.
+
+    Raises:
+        ValueError: ``n_groups`` < 1.
+    """
+
+    def __init__(self, x0, n_groups):
+        if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral) or n_groups < 1:
+            raise ValueError(f"DeltaSum: n_groups must be an int >= 1, got {n_groups!r}")
+        self.model = np.array(x0, np.float64, copy=True)
+        self.bases = [self.model.astype(np.float32) for _ in range(int(n_groups))]
+        self.pushes = [0] * int(n_groups)
+
+    def push(self, group, x):
+        """Add ``x`` - the model group ``group`` last pulled to the server's model; return it (float32 [m]).
+
+        Args:
+            group: int in [0, N). x: float32 [m], the group's parameters now.
+
+        Raises:
+            ValueError: a group outside [0, N) or a shard of the wrong shape.
+        """
+        if not 0 <= group < len(self.bases):
+            raise ValueError(f"DeltaSum: group {group!r} outside [0, {len(self.bases)})")
+        x = np.asarray(x, np.float32)
+        if x.shape != self.model.shape:
+            raise ValueError(f"DeltaSum: a shard of shape {x.shape}; the server's model is {self.model.shape}")
+        self.model += x.astype(np.float64) - self.bases[group]
+        out = self.model.astype(np.float32)
+        self.bases[group] = out
+        self.pushes[group] += 1
+        return out.copy()
+
+    def current(self):
+        """The model a pull returns now without a push (float32 [m])."""
+        return self.model.astype(np.float32)
+
+
+#: the servers' rules by ``server_rule``.
+SERVER_RULES = {"average": SlotAverage, "delta": DeltaSum}
+
 
 class GroupServer:
-    """One server rank's loop: serve the groups' pushes with :class:`SlotAverage` until every worker is done.
+    """One server rank's loop: serve the groups' pushes with the server's rule (:data:`SERVER_RULES`: the slot
+    average :class:`SlotAverage` or the sum of deltas :class:`DeltaSum`) until every worker is done.
 
     Args:
         p2p: the :class:`hetsync.transport.p2p.Dispatcher`. index: int k, this server's index (shard k).
@@ -294,14 +354,18 @@ class GroupServer:
             a ``"groups"`` message arrives). epoch: int, the grouping's number (0: warm-up, one group).
         timeout_s: float seconds > 0: the server fails when an unfinished worker sent nothing (not even its
             heartbeat) for this long.
+        rule: str, a key of :data:`SERVER_RULES` (``"average"``, the default, or ``"delta"``).
 
     Raises:
-        ValueError: no workers or a bad timeout.
+        ValueError: no workers, a bad timeout or an unknown rule.
     """
 
-    def __init__(self, p2p, index, x0, workers, groups, epoch, timeout_s):
+    def __init__(self, p2p, index, x0, workers, groups, epoch, timeout_s, rule="average"):
         if not workers:
             raise ValueError("a parameter server needs at least one worker")
+        if rule not in SERVER_RULES:
+            raise ValueError(f"server rule {rule!r}: the rules are {sorted(SERVER_RULES)}")
+        self.rule = SERVER_RULES[rule]
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         self.p2p, self.index = p2p, int(index)
@@ -310,7 +374,7 @@ class GroupServer:
         self.epoch = int(epoch)
         self.x0 = np.array(x0, np.float32, copy=True)
         self.groups = [list(g) for g in groups] if groups else [list(self.workers)]
-        self.avg = SlotAverage(self.x0, len(self.groups))
+        self.avg = self.rule(self.x0, len(self.groups))
         self.done = set()
         self.pushes_per_rank = {r: 0 for r in self.workers}
         self.order = []  # (epoch, group, rank) per push, in service order
@@ -357,7 +421,7 @@ class GroupServer:
             elif m.tag == "groups":
                 epoch, groups, x0 = m.obj
                 self.epoch, self.groups = int(epoch), [list(g) for g in groups]
-                self.avg = SlotAverage(x0, len(self.groups))
+                self.avg = self.rule(x0, len(self.groups))
                 self.regroups += 1
                 waiting, self.deferred = self.deferred, []
                 for d in waiting:
@@ -373,9 +437,9 @@ class GroupServer:
         if epoch > self.epoch:  # the initiator heard of the new groups before this server did
             self.deferred.append(m)
             return
-        if epoch < self.epoch:  # a push of an older grouping: answered with the current mean, not stored
+        if epoch < self.epoch:  # a push of an older grouping: answered with the current model, not stored
             self.stale += 1
-            reply = self.avg.mean()
+            reply = self.avg.current()
         else:
             try:
                 reply = self.avg.push(int(group), shard)

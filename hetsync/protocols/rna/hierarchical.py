@@ -102,6 +102,12 @@ class HierarchicalRNAConfig(ProtocolConfig):
     sharding: typing.Literal["layer", "memory"] = param(
         "memory", "``\"layer\"`` or ``\"memory\"``: how the parameter vector is split over the K servers (as for "
                   "the other PS protocols, SHAT section 4.4).")
+    server_rule: typing.Literal["average", "delta"] = param(
+        "average", "``\"average\"`` (section 6's model averaging: the server returns the equal-weight mean of each "
+                   "group's latest model, so each group's step moves the model 1 / N as far with N groups) or "
+                   "``\"delta\"`` (an asynchronous parameter server over the groups, Dean et al. 2012: the server "
+                   "adds what a group learnt since its last pull to one model and returns it; the groups' progress "
+                   "adds up, as flat RNA's contributions do).")
     probes: int = _as_rna("probes")
     max_staleness: int = _as_rna("max_staleness")
     scale_lr: bool = _as_rna("scale_lr")
@@ -252,7 +258,7 @@ class HierarchicalRNAProtocol(GroupRounds, RNAProtocol):
             lo, hi = self.ranges[k]
             grouped = self.groups if len(self.groups) > 1 else None
             self.server = GroupServer(self._p2p, k, self.flat_weights()[lo:hi], self.workers, grouped, self.epoch,
-                                      self.cfg.timeout_s)
+                                      self.cfg.timeout_s, rule=self.cfg.server_rule)
             return
         self._create_caches()
         self._saved_switch_interval = None
@@ -410,6 +416,7 @@ class HierarchicalRNAProtocol(GroupRounds, RNAProtocol):
                     ps_by_group[key] = ps_by_group.get(key, 0) + 1
         self._summary = {
             "workers": self.n_workers, "servers": len(self.server_ranks), "sharding": self.cfg.sharding,
+            "server_rule": self.cfg.server_rule,
             "shard_ranges": [list(r) for r in self.ranges],
             "groups": self.groups, "num_groups": len(self.groups),
             "group_changes": list(self.changes),
