@@ -51,7 +51,7 @@ MIN_POINTS = 3
 SMALL_BYTES = 1024
 #: protocol arguments that change what is learnt, not when messages go (left out of the simulator's configuration).
 NOT_TIMING = ("lr", "data_plan", "timeout_s", "scale_lr", "momentum_correction", "stale_lr", "wait_timeout_s",
-              "finish_timeout_s", "poll_ms", "average_at_end")
+              "finish_timeout_s", "poll_ms", "average_at_end", "server_rule")
 
 
 def sizes_up_to(max_bytes):

@@ -146,6 +146,10 @@ def test_bsp_analytic_e_on_a_homogeneous_device_is_device_time_over_device_time_
                                           variable_bytes=[4 * 802_816 + 4 * 1024 + 4 * 1_048_576, 4 * 1024,
                                                           4 * 10_240, 40])
     assert 0 < layer < mem <= 1.0
+    # hierarchical RNA's server rule changes what is learnt, not when messages go: the same timing either way
+    rnah = {"groups": "host", "servers": "2"}
+    assert alphabeta.analytic_efficiency("rnah", dict(rnah, server_rule="delta"), "device:40", 8, net, grad, 32) == \
+        alphabeta.analytic_efficiency("rnah", rnah, "device:40", 8, net, grad, 32)
     with pytest.raises(ValueError):
         alphabeta.analytic_efficiency("nosuch", {}, "device:40", 8, net, grad, 32)
 

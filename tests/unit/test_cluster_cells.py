@@ -107,7 +107,7 @@ def test_the_cluster_preset_plans_exactly_its_variants_and_launches_on_the_clust
         "np8:mnist/device:10+random:6@4x2/10gbit[wide]":
             {"bsp", "rna(update_rule=samples;wait_for_round=true;wait_lag=1)"},
         "np8:mnist/device:10+random:6@h0:2,h1:2,h2:2,h3:1,h4:1/10gbit,h2=2.5gbit[wide]":
-            {"rna", "rnah(groups=host;servers=2)"},
+            {"rna", "rnah(groups=host;servers=2;server_rule=delta)"},
         "np8:digits/device:10@h0:2,h1:2,h2:2,h3:1,h4:1/1gbit[wide]":
             {f"shat(sharding={s};servers=2;data_plan=shard)" for s in ("layer", "memory")}}
     assert len(matrix.plan(preset, ["bsp", "rna"])) == 9  # filtered by the variants' protocol names
