@@ -240,6 +240,23 @@ class GroupController(Controller):
 
 
 # -- the server (section 6: "the PS only executes the parameter summation, i.e., model averaging") ----------
+def _check_groups_count(rule, n_groups):
+    """``n_groups`` as an int >= 1, or ValueError naming the server rule ``rule`` (str)."""
+    if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral) or n_groups < 1:
+        raise ValueError(f"{rule}: n_groups must be an int >= 1, got {n_groups!r}")
+    return int(n_groups)
+
+
+def _check_push(rule, group, x, n_groups, shape):
+    """A push's shard ``x`` as float32 (ValueError naming ``rule`` for a group outside [0, N) or another shape)."""
+    if not 0 <= group < n_groups:
+        raise ValueError(f"{rule}: group {group!r} outside [0, {n_groups})")
+    x = np.asarray(x, np.float32)
+    if x.shape != shape:
+        raise ValueError(f"{rule}: a shard of shape {x.shape}; the server's shard is {shape}")
+    return x
+
+
 class SlotAverage:
     """The server's rule (docs/protocols/rnah.md, the server's rule): one slot per group, the mean of the slots returned.
 
@@ -257,11 +274,10 @@ class SlotAverage:
     """
 
     def __init__(self, x0, n_groups):
-        if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral) or n_groups < 1:
-            raise ValueError(f"SlotAverage: n_groups must be an int >= 1, got {n_groups!r}")
+        n_groups = _check_groups_count("SlotAverage", n_groups)
         x0 = np.array(x0, np.float32, copy=True)
-        self.slots = [x0.copy() for _ in range(int(n_groups))]
-        self.pushes = [0] * int(n_groups)
+        self.slots = [x0.copy() for _ in range(n_groups)]
+        self.pushes = [0] * n_groups
 
     def push(self, group, x):
         """Replace slot ``group`` (int in [0, N)) by ``x`` (float32 [m]); return the mean of the slots (float32 [m]).
@@ -269,11 +285,7 @@ class SlotAverage:
         Raises:
             ValueError: a group outside [0, N) or a shard of the wrong shape.
         """
-        if not 0 <= group < len(self.slots):
-            raise ValueError(f"SlotAverage: group {group!r} outside [0, {len(self.slots)})")
-        x = np.asarray(x, np.float32)
-        if x.shape != self.slots[0].shape:
-            raise ValueError(f"SlotAverage: a shard of shape {x.shape}; the slots hold {self.slots[0].shape}")
+        x = _check_push("SlotAverage", group, x, len(self.slots), self.slots[0].shape)
         self.slots[group] = x.copy()
         self.pushes[group] += 1
         return self.mean()
@@ -308,11 +320,10 @@ class DeltaSum:
     """
 
     def __init__(self, x0, n_groups):
-        if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral) or n_groups < 1:
-            raise ValueError(f"DeltaSum: n_groups must be an int >= 1, got {n_groups!r}")
+        n_groups = _check_groups_count("DeltaSum", n_groups)
         self.model = np.array(x0, np.float64, copy=True)
-        self.bases = [self.model.astype(np.float32) for _ in range(int(n_groups))]
-        self.pushes = [0] * int(n_groups)
+        self.bases = [self.model.astype(np.float32) for _ in range(n_groups)]
+        self.pushes = [0] * n_groups
 
     def push(self, group, x):
         """Add ``x`` - the model group ``group`` last pulled to the server's model; return it (float32 [m]).
@@ -323,11 +334,7 @@ class DeltaSum:
         Raises:
             ValueError: a group outside [0, N) or a shard of the wrong shape.
         """
-        if not 0 <= group < len(self.bases):
-            raise ValueError(f"DeltaSum: group {group!r} outside [0, {len(self.bases)})")
-        x = np.asarray(x, np.float32)
-        if x.shape != self.model.shape:
-            raise ValueError(f"DeltaSum: a shard of shape {x.shape}; the server's model is {self.model.shape}")
+        x = _check_push("DeltaSum", group, x, len(self.bases), self.model.shape)
         self.model += x.astype(np.float64) - self.bases[group]
         out = self.model.astype(np.float32)
         self.bases[group] = out
