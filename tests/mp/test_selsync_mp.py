@@ -145,5 +145,9 @@ def test_noniid_injection_end_to_end_with_the_example(tmp_path):
     assert st["inject_sent_samples"] > 0 and st["inject_received_samples"] > 0
     assert st["sync_steps"] + st["local_steps"] == steps
     recs = read_jsonl(tmp_path / "rank0.jsonl")
-    assert len(recs) == steps and recs[-1]["inject_received_samples"] == st["inject_received_samples"]
+    assert len(recs) == steps
+    # the last step's record counts what was received by then; an exchange for a batch Keras prefetched after the
+    # last step (at most inject_exchanges - steps of them, each at most a step's injected samples) adds after it
+    late = st["inject_received_samples"] - recs[-1]["inject_received_samples"]
+    assert 0 <= late <= (st["inject_exchanges"] - steps) * (st["batch_size_effective"] - st["batch_size_local"])
     assert all(r["samples"] == steps * 32 for r in s["per_rank"])  # steps x effective batch
