@@ -43,6 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--scenario", action="append", default=None, metavar="[DATASET/]SPEC",
                    help=f"replace the preset's cells, repeatable; DATASET in {sorted(matrix.DATASETS)} "
                         "(default digits), SPEC a slowdown spec, e.g. mnist/random:6")
+    p.add_argument("--cell", action="append", default=None, metavar="TEXT",
+                   help="run only the preset's cells whose key contains TEXT (repeatable: any of them), e.g. "
+                        "--cell 1gbit for the cluster preset's sharding cell; not with --update-docs (the "
+                        "documents hold every cell of a preset)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds for every scenario (replace the preset's)")
     p.add_argument("--np", type=int, default=None, help="ranks of every run (replace the preset's and the cells')")
     p.add_argument("--device", type=float, default=None, metavar="MS",
@@ -89,6 +93,15 @@ def parse_args(argv=None):
         if args.scenario:
             device = 40.0 if args.device is None else args.device
             changes["cells"] = tuple(matrix.with_device(matrix.parse_cell(s), device) for s in args.scenario)
+        if args.cell:
+            cells = changes.get("cells", preset.cells)
+            changes["cells"] = tuple(c for c in cells if any(t in c.key for t in args.cell))
+            if not changes["cells"]:
+                raise ValueError(f"--cell {' '.join(args.cell)}: no cell of this invocation has a key containing it; "
+                                 "the keys are " + ", ".join(c.key for c in cells))
+            if args.update_docs:
+                raise ValueError("--cell runs part of a preset; --update-docs writes a preset's whole document: "
+                                 "give one or the other")
         if args.seeds:
             changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
             changes["cells"] = tuple(dataclasses.replace(c, seeds=None) for c in changes.get("cells", preset.cells))

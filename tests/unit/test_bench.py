@@ -260,7 +260,15 @@ def test_cli_rejects_bad_values_before_running(capsys, monkeypatch, tmp_path):
     assert preset.cells == (matrix.Cell("mnist", "random:3"),)  # real CPU
     _, preset, _, _ = parse_args(["--scenario", "np8:mnist/device:30+random:6", "--device", "50"])
     assert preset.cells == (matrix.Cell("mnist", "device:30+random:6", np=8),)
+    # --cell keeps the preset's cells whose key contains the text: the cluster preset's sharding cell alone
+    _, preset, _, _ = parse_args(["--preset", "cluster", "--cell", "1gbit", "--seeds", "3,4,5"])
+    assert [c.key for c in preset.cells] == ["np8:digits/device:10@h0:2,h1:2,h2:2,h3:1,h4:1/1gbit[wide]"]
+    assert preset.seeds == (3, 4, 5)
+    _, preset, _, _ = parse_args(["--preset", "cluster", "--cell", "1gbit", "--cell", "2.5gbit"])
+    assert len(preset.cells) == 2
     for args, msg in ((["--device", "-1"], "--device must be a number of milliseconds >= 0"),
+                      (["--preset", "cluster", "--cell", "nosuch"], "no cell of this invocation has a key"),
+                      (["--preset", "cluster", "--cell", "1gbit", "--update-docs"], "give one or the other"),
                       (["--scenario", "np1:digits/none"], "at least 2 ranks"),
                       (["--scenario", "digits/device:0"], "must be > 0")):
         with pytest.raises(SystemExit) as exc:
