@@ -301,7 +301,8 @@ _FULL_CELLS = (
 # step's own round would add it to every step). Hierarchical
 # RNA grouped by host against flat RNA on a mixed network (h2's link 4x slower) with 6 workers on 3 hosts and
 # the 2 servers on hosts of their own; its servers add the groups' progress (server_rule=delta: the average of
-# 3 groups' models moved the model a third as far per step and never reached the target). Layer-wise against memory-wise sharding with 2 servers on 1 Gbit/s links
+# 3 groups' models moved the model a third as far per step and never reached the target). Layer-wise against
+# memory-wise sharding with 2 servers on 1 Gbit/s links
 # (layer-wise puts 1,115,136 of the 1,126,410 parameters on one server), on fixed equal shares: on the sample
 # pool the claims wait behind the servers' megabyte messages on the shaped links, inside the emulated device
 # window (21-34% of the steps overran at every D from 40 to 160; none on the shard plan).
