@@ -83,6 +83,9 @@ SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
 BATCH = 32
 #: evaluation every that many steps of rank 0 (dense near the target: the grid must not set the figure).
 EVAL_EVERY = 8
+#: float, accuracy (a fraction: 0.005 = 0.5 points) a setting's chosen rate may end below BSP's on the selection
+#: seeds (median final test accuracy), as the final-accuracy target allows.
+ACCURACY_SLACK = 0.005
 BEGIN = "<!-- BEGIN generated: statistical efficiency study -->"
 END = "<!-- END generated: statistical efficiency study -->"
 
@@ -293,7 +296,10 @@ def select(rows, select_seeds):
     For each (world size, model, setting) the learning rates with a run on every selection seed compete; the one
     with the smallest median time to target over those seeds wins (a run that missed the target counts as
     infinitely slow; a tie goes to the smaller median samples to target, then the smaller rate). A rate whose
-    selection runs overran 1% or more of their steps does not compete (not evidence).
+    selection runs overran 1% or more of their steps does not compete (not evidence). BSP's rate is chosen
+    first; a setting's rate then competes only if its median final accuracy over the selection seeds is at least
+    BSP's at BSP's chosen rate minus :data:`ACCURACY_SLACK` (the study's two targets: time and final accuracy);
+    when no rate of the setting meets that, every rate competes as before.
 
     Args:
         rows: :func:`rows_from`'s list. select_seeds: iterable of int, the seeds that choose.
@@ -314,15 +320,21 @@ def select(rows, select_seeds):
     for r in rows:
         if int(r["seed"]) in chosen_seeds:
             by_cell.setdefault((r["np"], r["model"], r["setting"], r["lr"]), {})[int(r["seed"])] = r
-    best = {}
+    scored = {}  # (np, model, setting) -> [(median time, median samples, lr, median final accuracy)]
     for (n, model, setting, lr), runs in by_cell.items():
         if set(runs) != set(chosen_seeds) or max(r["overrun"] for r in runs.values()) >= 0.01:
             continue
         times = [r["time_to_target_s"] if r["time_to_target_s"] else float("inf") for r in runs.values()]
         samples = [r["samples_to_target"] if r["samples_to_target"] else float("inf") for r in runs.values()]
-        score = (statistics.median(times), statistics.median(samples), lr)
-        if (n, model, setting) not in best or score < best[(n, model, setting)]:
-            best[(n, model, setting)] = score
+        accuracy = statistics.median(r["final_accuracy"] or 0.0 for r in runs.values())
+        scored.setdefault((n, model, setting), []).append((statistics.median(times), statistics.median(samples),
+                                                           lr, accuracy))
+    best = {}
+    for key, scores in scored.items():
+        bsp_scores = scored.get((key[0], key[1], "bsp"))
+        floor = min(bsp_scores)[3] - ACCURACY_SLACK if bsp_scores and key[2] not in ("bsp", TWIN) else None
+        meeting = [s for s in scores if floor is None or s[3] >= floor - 1e-12]
+        best[key] = min(meeting or scores)[:3]
     chosen = [{"np": n, "model": model, "setting": setting, "lr": score[2],
                "time_to_target_s": None if score[0] == float("inf") else score[0]}
               for (n, model, setting), score in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1],
@@ -394,8 +406,9 @@ def markdown(summary, meta, selection=None):
     if selection:
         sel = ", ".join(map(str, selection["select_seeds"]))
         lines += ["", f"**Tuned fairly**: each setting's learning rate, BSP's included, chosen on seeds {sel} (the "
-                  "smallest median time to target of the rates run there); every setting at its rate against BSP at "
-                  "BSP's, on the other seeds.", "",
+                  "smallest median time to target of the rates run there, among the rates whose median final accuracy "
+                  f"there is at least BSP's minus {ACCURACY_SLACK * 100:g} points when any is); every setting at its "
+                  "rate against BSP at BSP's, on the other seeds.", "",
                   "| ranks | model | setting | lr | BSP's lr | seeds | SE (S_BSP / S) | time to target vs BSP "
                   "| steady samples/s vs BSP | final accuracy vs BSP | reached | heterogeneity tax (BSP's) |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

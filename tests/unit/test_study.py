@@ -200,6 +200,25 @@ def test_a_rate_missing_a_selection_seed_or_overrunning_does_not_compete(tmp_pat
     assert [(c["setting"], c["lr"]) for c in sel["chosen"]] == [("bsp", 0.4), ("ssp", 0.2)]
 
 
+def test_a_faster_rate_that_ends_below_bsps_accuracy_loses_to_one_that_does_not(tmp_path):
+    out = str(tmp_path)
+    # BSP: 0.4 wins (12 s) with final accuracy 0.92 on the selection seeds; 0.2 (20 s) ends at 0.95
+    # SSP: 0.2 is faster (8 s) but ends at 0.914 (0.6 points below BSP's 0.92); 0.4 (10 s) ends at 0.916 (0.4 below)
+    grid = {("bsp", 0.2): (20.0, 0.95), ("bsp", 0.4): (12.0, 0.92), ("ssp", 0.2): (8.0, 0.914),
+            ("ssp", 0.4): (10.0, 0.916)}
+    for (setting, lr), (t, acc) in grid.items():
+        for seed in (1, 4, 5):
+            _summary(study.run_dir(out, 4, "mlp", lr, setting, seed), int(t * 500), t, acc, 600.0)
+    sel = study.select(study.rows_from(out), [4, 5])
+    assert [(c["setting"], c["lr"]) for c in sel["chosen"]] == [("bsp", 0.4), ("ssp", 0.4)]
+    assert study.ACCURACY_SLACK == pytest.approx(0.005)
+    # no SSP rate within 0.5 points of BSP: every rate competes, the fastest wins
+    for seed in (4, 5):
+        _summary(study.run_dir(out, 4, "mlp", 0.4, "ssp", seed), 5000, 10.0, 0.90, 600.0)
+    sel = study.select(study.rows_from(out), [4, 5])
+    assert [(c["setting"], c["lr"]) for c in sel["chosen"]] == [("bsp", 0.4), ("ssp", 0.2)]
+
+
 def test_a_study_with_selection_seeds_writes_the_tuned_table(tmp_path, monkeypatch):
     out, docs = str(tmp_path / "study"), tmp_path / "docs"
     _grid(out)
