@@ -15,7 +15,7 @@ SLOWDOWN ?= device:40+random:6
 # SGD learning rates of the main job: LR for every protocol, LR_<protocol> where the study chose another
 LR ?= 0.2
 LR_bsp ?= 0.4
-LR_rna ?= 0.4
+LR_rna ?= 0.8
 ARGS_rna ?= --protocol-arg update_rule=samples --protocol-arg wait_for_round=true
 MNIST_DIR := ../shared/data/mnist-t10k
 # The MNIST files beside the repository when present (3 epochs), else scikit-learn's embedded digits (16 epochs).

@@ -43,7 +43,7 @@ def test_each_protocol_runs_at_its_own_learning_rate_with_its_arguments(tmp_path
 def test_the_first_run_page_names_the_makefile_defaults():
     with open(os.path.join(ROOT, "docs", "guide", "first-run.md")) as f:
         page = f.read()
-    for name in ("LR", "LR_bsp"):
+    for name in ("LR", "LR_bsp", "LR_rna"):
         assert re.search(rf"\| `{name}` \| {re.escape(_makefile_default(name))} \|", page), name
 
 
