@@ -11,7 +11,9 @@ import sys
 
 from tabulate import tabulate
 
-__all__ = ["load_summaries", "comparison_rows", "main"]
+from hetsync.bench import progress
+
+__all__ = ["load_summaries", "time_to_target", "comparison_rows", "main"]
 
 
 def load_summaries(paths):
@@ -48,8 +50,27 @@ def _overruns(s):
     return f"{s.get('overrun_steps', 0)}/{s['emulated_steps']}" + ("" if s.get("emulation_valid", True) else " !")
 
 
+def time_to_target(summary):
+    """A run's time to target from the end of rank 0's first (compiling) step (float seconds, or None).
+
+    The summary's ``time_to_target_after_first_step_s`` when it has one; else, for a summary written before
+    that field, :func:`hetsync.bench.progress.time_after_first_step` of its ``time_to_target_s`` and the
+    ``rank0.jsonl`` beside it (``summary["_path"]``, :func:`load_summaries`); None when neither can say.
+    """
+    if "time_to_target_after_first_step_s" in summary:
+        return summary["time_to_target_after_first_step_s"]
+    path = os.path.join(os.path.dirname(summary.get("_path", "")), "rank0.jsonl")
+    if summary.get("time_to_target_s") is None or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return progress.time_after_first_step(summary["time_to_target_s"], [json.loads(f.readline())])
+
+
 def comparison_rows(summaries):
     """Return (headers, rows) comparing runs; speed-ups are BSP's time divided by the run's time.
+
+    ``time to target``: seconds from the end of rank 0's first (compiling) step to the first evaluation at or
+    above the target (:func:`time_to_target`).
 
     ``samples to target``: samples all ranks processed up to the first evaluation at or above the
     target (:mod:`hetsync.bench.progress`); ``statistical efficiency``: BSP's samples to target over
@@ -64,10 +85,8 @@ def comparison_rows(summaries):
                "weights in sync", "overrun steps"]
     rows = []
     for s in summaries:
-        ttt = s.get("time_to_target_s")
-        speedup = None
-        if bsp is not None and ttt and bsp.get("time_to_target_s"):
-            speedup = bsp["time_to_target_s"] / ttt
+        ttt, bsp_ttt = time_to_target(s), time_to_target(bsp) if bsp is not None else None
+        speedup = bsp_ttt / ttt if ttt and bsp_ttt else None
         stt = s.get("samples_to_target")
         stat_eff = bsp["samples_to_target"] / stt if bsp is not None and stt and bsp.get("samples_to_target") else None
         rows.append([s.get("protocol"), s.get("scenario"), s.get("world_size"), s.get("steps"),

@@ -17,6 +17,9 @@ def test_bsp_trains_digits_to_90_percent_with_identical_weights(np_, tmp_path):
     assert s["weights_in_sync"] is True and s["weights_max_abs_diff"] == 0.0
     assert s["final_test_accuracy"] >= 0.90
     assert s["time_to_target_s"] is not None and 0 < s["time_to_target_s"] <= s["wall_s"]
+    # the benchmarks' time to target: the same moment from the end of rank 0's first (compiling) step
+    first_step_end = read_jsonl(tmp_path / "rank0.jsonl")[0]["wall_s"]
+    assert s["time_to_target_after_first_step_s"] == pytest.approx(s["time_to_target_s"] - first_step_end)
     steps = s["steps"]
     assert [r["steps"] for r in s["per_rank"]] == [steps] * np_
     assert s["stats"]["syncs"] == steps  # one allreduce per step

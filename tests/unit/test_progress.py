@@ -104,6 +104,34 @@ def test_run_progress_of_a_run_folder(tmp_path):
     assert fig["samples_to_target"] == 10 * 32 + 5 * 32
     assert fig["samples_per_s_steady"] == pytest.approx(320 / 0.1 + 160 / 0.1)
     assert fig["host_ms_median"] == pytest.approx(5.0)  # 19 steps of 5 ms against 9 of 15 ms
+    assert fig["time_to_target_after_first_step_s"] is None  # the summary says no time to target
+
+
+def test_time_to_target_counts_from_the_end_of_rank_0s_first_step(tmp_path):
+    from hetsync.bench import report
+    # rank 0's first (compiling) step ended 1.2 s into training; the target was reached 6.0 s in: 4.8 s
+    recs = [dict(r, wall_s=1.2 + 0.05 * i) for i, r in enumerate(_records(100.0, 0.05, 10, 32, 10))]
+    assert progress.time_after_first_step(6.0, recs) == pytest.approx(4.8)
+    assert progress.time_after_first_step(None, recs) is None and progress.time_after_first_step(6.0, []) is None
+    assert progress.time_after_first_step(1.0, recs) == 0.0  # never negative
+    runs = {}
+    for name, first, ttt in (("bsp", 0.7, 10.7), ("rna", 1.2, 6.2)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "rank0.jsonl").write_text(json.dumps({"step": 0, "wall_s": first, "unix_s": 1.0,
+                                                   "samples_processed": 32}) + "\n")
+        (d / "summary.json").write_text(json.dumps({
+            "protocol": name, "per_rank": [{"rank": 0, "role": "worker"}], "target_accuracy": 0.9,
+            "time_to_target_s": ttt, "accuracy_curve": [{"accuracy": 0.95, "unix_s": 1.0}]}))
+        runs[name] = str(d)
+    assert progress.run_progress(runs["rna"])["time_to_target_after_first_step_s"] == pytest.approx(5.0)
+    # a summary written before the field: the table reads rank0.jsonl beside it; BSP 10.0 s over RNA's 5.0 s
+    summaries = report.load_summaries([runs["bsp"], runs["rna"]])
+    assert [report.time_to_target(s) for s in summaries] == [pytest.approx(10.0), pytest.approx(5.0)]
+    _, rows = report.comparison_rows(summaries)
+    assert [(r[6], r[7]) for r in rows] == [("10.0", "1.00x"), ("5.0", "2.00x")]
+    # a summary with the field uses it as it is
+    assert report.time_to_target({"time_to_target_after_first_step_s": 3.5, "time_to_target_s": 9.0}) == 3.5
 
 
 @pytest.fixture(scope="module")
