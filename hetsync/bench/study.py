@@ -62,6 +62,8 @@ SETTINGS = {
     "hop": ("hop", (), "Hop, standard"),
     "hop-backup": ("hop", ("backup_workers=1",), "Hop with one backup worker"),
     "hop-staleness": ("hop", ("staleness=2",), "Hop with staleness 2"),
+    "hop-staleness1": ("hop", ("staleness=1",), "Hop with staleness 1 (the bound's effect on the samples)"),
+    "hop-staleness4": ("hop", ("staleness=4",), "Hop with staleness 4 (the bound's effect on the samples)"),
     "hop-skip": ("hop", ("backup_workers=1", "skip=2"), "Hop, a backup worker and skipping"),
     "asp": ("asp", (), "ASP (one parameter server)"),
     "shat": ("shat", (), "SHAT"),
@@ -76,7 +78,8 @@ SETTINGS = {
 #: the setting that runs BSP on the homogeneous twin (:func:`hetsync.bench.progress.homogeneous_twin`).
 TWIN = "bsp-twin"
 #: settings that isolate one cause, and the twin (left out of the default ``--settings``: name them to run them).
-DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard", "rna-samples-stalelr", TWIN)
+DIAGNOSTIC = ("rna-samples-avg10", "rna-samples-shard", "rna-samples-stalelr", "hop-staleness1", "hop-staleness4",
+              TWIN)
 #: protocols whose launch has one more rank, the parameter server (their default ``servers=1``).
 SERVER_PROTOCOLS = ("asp", "shat", "shatroot", "ensemble", "ssp", "rnah")
 #: samples per step of every run (the twin's device time is the mean step of this batch).
