@@ -227,11 +227,11 @@ def main(argv=None, extra_callbacks=()):
         except FileNotFoundError as exc:
             log.warning("samples to target not counted: %s (the ranks' step records are not all in %s)",
                         exc, args.out)
-            summary = metrics.write_summary(samples_to_target=None, samples_per_s_steady=None, host_ms_median=None,
-                                            time_to_target_after_first_step_s=None)
-        ttt = summary.get("time_to_target_after_first_step_s")  # the benchmarks' time to target
-        if ttt is None and summary["time_to_target_s"] is not None:  # rank 0's records missing: from train begin
-            ttt = summary["time_to_target_s"]
+            summary = metrics.write_summary(  # rank 0's own records are here: the time to target still is
+                samples_to_target=None, samples_per_s_steady=None, host_ms_median=None,
+                time_to_target_after_first_step_s=progress.run_time_after_first_step(
+                    args.out, summary["time_to_target_s"]))
+        ttt = summary["time_to_target_after_first_step_s"]  # the benchmarks' time to target
         chosen = summary.get("chosen_by")
         rows = [("protocol", summary["protocol"] if not chosen else
                  f"{summary['protocol']}: {chosen['protocol']} from step {chosen['step']}"), ("ranks", size if hetsync.num_servers() == 0 else

@@ -26,9 +26,8 @@ import statistics
 
 from hetsync.bench import efficiency
 
-__all__ = ["rank_progress", "samples_at", "samples_to_target", "time_after_first_step", "steady_samples_per_s",
-           "host_ms_median",
-           "homogeneous_twin", "run_progress"]
+__all__ = ["rank_progress", "samples_at", "samples_to_target", "time_after_first_step", "run_time_after_first_step",
+           "steady_samples_per_s", "host_ms_median", "homogeneous_twin", "run_progress"]
 
 
 def rank_progress(records):
@@ -125,6 +124,18 @@ def time_after_first_step(time_to_target_s, records):
     if time_to_target_s is None or not records or "wall_s" not in records[0]:
         return None
     return max(0.0, float(time_to_target_s) - float(records[0]["wall_s"]))
+
+
+def run_time_after_first_step(run_dir, time_to_target_s):
+    """:func:`time_after_first_step` of a run folder: ``time_to_target_s`` and the first record of its
+    ``rank0.jsonl`` (rank 0 writes it on its own host). Returns float seconds, or None when the target was not
+    reached or the folder has no ``rank0.jsonl``."""
+    path = os.path.join(run_dir, "rank0.jsonl")
+    if time_to_target_s is None or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        first = f.readline()
+    return time_after_first_step(time_to_target_s, [json.loads(first)] if first.strip() else [])
 
 
 def steady_samples_per_s(records_by_rank):

@@ -53,17 +53,14 @@ def _overruns(s):
 def time_to_target(summary):
     """A run's time to target from the end of rank 0's first (compiling) step (float seconds, or None).
 
-    The summary's ``time_to_target_after_first_step_s`` when it has one; else, for a summary written before
-    that field, :func:`hetsync.bench.progress.time_after_first_step` of its ``time_to_target_s`` and the
-    ``rank0.jsonl`` beside it (``summary["_path"]``, :func:`load_summaries`); None when neither can say.
+    The summary's ``time_to_target_after_first_step_s`` when it has one; else (a summary written before that
+    field) :func:`hetsync.bench.progress.run_time_after_first_step` of the folder beside it (``summary["_path"]``,
+    :func:`load_summaries`); None when neither can say.
     """
-    if "time_to_target_after_first_step_s" in summary:
+    if summary.get("time_to_target_after_first_step_s") is not None:
         return summary["time_to_target_after_first_step_s"]
-    path = os.path.join(os.path.dirname(summary.get("_path", "")), "rank0.jsonl")
-    if summary.get("time_to_target_s") is None or not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return progress.time_after_first_step(summary["time_to_target_s"], [json.loads(f.readline())])
+    return progress.run_time_after_first_step(os.path.dirname(summary.get("_path", "")),
+                                              summary.get("time_to_target_s"))
 
 
 def comparison_rows(summaries):

@@ -54,7 +54,6 @@ def analyse_run(run_dir, solo):
     emulated = bool(s.get("emulated_steps"))
     target = s.get("target_accuracy")
     curve = [dict(p, wall_s=max(0.0, p["wall_s"] - first)) for p in s.get("accuracy_curve") or []]
-    reached = [p["wall_s"] for p in curve if target is not None and p["accuracy"] >= target]
     figures = progress.run_progress(run_dir)
     cluster_file = os.path.join(run_dir, launch.CLUSTER_RECORD)  # a run on the emulated cluster
     cluster = None
@@ -66,7 +65,7 @@ def analyse_run(run_dir, solo):
         "samples_to_target": figures["samples_to_target"],
         "samples_per_s_steady": figures["samples_per_s_steady"],
         "host_ms_median": figures["host_ms_median"],
-        "time_to_target_s": reached[0] if reached else None,
+        "time_to_target_s": progress.time_after_first_step(s.get("time_to_target_s"), records),
         "time_to_target_raw_s": s.get("time_to_target_s"),
         "final_test_accuracy": s.get("final_test_accuracy"),
         "steps_per_s": rates["steps_per_s"],
