@@ -18,8 +18,9 @@ MODE:
              before it reads, so every step reads a fresh result and nothing is left pending at the end.
   lag        as wait, with ``wait_lag=1``: step t waits for the round holding step t - 1's gradient; every rank
              also reports the last round each step read (``read_rounds``, from the step's ``rna_round``).
-  stalelr    as samples, with ``stale_lr="inverse"``; every rank also reports r(t), the last round each of its
-             steps' gradients included (the ring the contributions' staleness is read from).
+  stalelr    as samples, with ``stale_lr="inverse"`` and the fast ranks 10 ms per step (their rounds go on for
+             most of the straggler's steps); every rank also reports r(t), the last round each of its steps'
+             gradients included (the ring the contributions' staleness is read from).
   uneven     rank r runs 40 + 40 r steps (ranks finish at different times).
   stall      rank 2 stops stepping after its 10th step until its communication thread has ended
              (at most 60 s) while the others run 60 steps; finish_timeout_s=3, so the controller
@@ -106,6 +107,8 @@ class Stall(keras.callbacks.Callback):
             proto._thread.join(60.0)  # until the controller has ended the rounds without this rank
         if mode in ("straggler", "samples", "stalelr", "wait", "lag") and rank == 3:
             time.sleep(0.06)
+        elif mode == "stalelr":  # the fast ranks' rounds go on for many of the straggler's steps, also under load
+            time.sleep(0.01)
 
 
 class StopTimer(keras.callbacks.Callback):
